@@ -1,0 +1,143 @@
+// Orpheus errors: every failure says whether the caller may retry.
+//
+// Three answers, in the spirit of absl::Status:
+//  - retryable(): nothing was recorded as final. The caller may send the SAME
+//    request again with the SAME idempotency key (after retry_after() if set).
+//    The library guarantees the retry has its effect at most once.
+//  - in_doubt(): a special retryable case. The library does not know whether
+//    its last commit landed (the connection died during COMMIT). Retrying with
+//    the same key is the only safe move: the retry either replays the recorded
+//    answer or takes the lease over with is_retry() == true.
+//  - neither: the request will not succeed as sent. Do not retry it with this
+//    key; fix the input (4xx) or reconcile by hand (a recorded 5xx).
+//
+//   try {
+//     auto r = manager.process(id, pre, rpc, post);
+//   } catch (const orpheus::error& e) {
+//     if (e.retryable()) schedule_retry(e.retry_after());
+//   }
+//
+// Thread safety: error objects are immutable values.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace orpheus {
+
+/// Machine-readable error codes the library itself produces. Handlers may use
+/// their own codes too; these are the ones clients can rely on.
+namespace codes {
+inline constexpr std::string_view invalid_key = "invalid_key";
+inline constexpr std::string_view invalid_scope = "invalid_scope";
+inline constexpr std::string_view invalid_fingerprint = "invalid_fingerprint";
+inline constexpr std::string_view invalid_config = "invalid_config";
+inline constexpr std::string_view fingerprint_mismatch = "fingerprint_mismatch";
+inline constexpr std::string_view in_progress = "in_progress";
+inline constexpr std::string_view lease_lost = "lease_lost";
+inline constexpr std::string_view storage_unavailable = "storage_unavailable";
+inline constexpr std::string_view commit_in_doubt = "commit_in_doubt";
+inline constexpr std::string_view attempts_exhausted = "attempts_exhausted";
+inline constexpr std::string_view retry_window_exhausted = "retry_window_exhausted";
+inline constexpr std::string_view unclassified = "unclassified_error";
+inline constexpr std::string_view post_rpc_failed = "post_rpc_failed";
+}  // namespace codes
+
+/// The plain data of an error: what travels to the client and what is recorded.
+struct error_info {
+  int http_status = 500;
+  std::string code;
+  std::string message;
+  bool retryable = false;
+  /// Set only with retryable: the outcome of the last commit is unknown.
+  bool in_doubt = false;
+  /// A hint for clients (HTTP Retry-After); empty when there is no better
+  /// answer than the client's own backoff.
+  std::optional<std::chrono::milliseconds> retry_after;
+};
+
+/// Base of every error Orpheus throws or handlers throw to Orpheus.
+class error : public std::runtime_error {
+ public:
+  explicit error(error_info info) : std::runtime_error(info.message), info_(std::move(info)) {}
+
+  [[nodiscard]] const error_info& info() const noexcept { return info_; }
+  [[nodiscard]] bool retryable() const noexcept { return info_.retryable; }
+  [[nodiscard]] bool in_doubt() const noexcept { return info_.in_doubt; }
+  [[nodiscard]] int http_status() const noexcept { return info_.http_status; }
+  [[nodiscard]] const std::string& code() const noexcept { return info_.code; }
+  [[nodiscard]] std::optional<std::chrono::milliseconds> retry_after() const noexcept {
+    return info_.retry_after;
+  }
+
+ private:
+  error_info info_;
+};
+
+/// A failure that is safe to retry with the same key: nothing final happened,
+/// or (for RPC outcomes) the downstream service deduplicates by the
+/// downstream key. Default status 503.
+class retryable_error : public error {
+ public:
+  retryable_error(std::string code, std::string message, int http_status = 503,
+                  std::optional<std::chrono::milliseconds> retry_after = {})
+      : error(error_info{http_status, std::move(code), std::move(message), true, false,
+                         retry_after}) {}
+};
+
+/// A failure that will not go away by retrying: bad input, a business refusal
+/// (card declined). When it comes out of the RPC it is recorded and replayed
+/// for the key's lifetime. Default status 422.
+class non_retryable_error : public error {
+ public:
+  non_retryable_error(std::string code, std::string message, int http_status = 422)
+      : error(error_info{http_status, std::move(code), std::move(message), false, false,
+                         std::nullopt}) {}
+};
+
+/// Bad input (key, scope, fingerprint): HTTP 400, never retryable, and
+/// thrown before any database work.
+class bad_input_error : public non_retryable_error {
+ public:
+  bad_input_error(std::string_view code, std::string message)
+      : non_retryable_error(std::string(code), std::move(message), 400) {}
+};
+
+/// A configuration the library refuses to run with. Thrown at start-up.
+class config_error : public non_retryable_error {
+ public:
+  explicit config_error(std::string message)
+      : non_retryable_error(std::string(codes::invalid_config), std::move(message), 500) {}
+};
+
+/// A storage failure, already classified by the backend (one file per backend
+/// maps driver error codes to this). Database failures are retryable except
+/// for programming errors (bad SQL, missing table), which are not.
+class storage_error : public error {
+ public:
+  using error::error;
+  static storage_error retryable(std::string message, bool in_doubt = false) {
+    return storage_error(
+        error_info{503, std::string(in_doubt ? codes::commit_in_doubt : codes::storage_unavailable),
+                   std::move(message), true, in_doubt, std::chrono::milliseconds(1000)});
+  }
+  static storage_error fatal(std::string message) {
+    return storage_error(
+        error_info{500, "storage_error", std::move(message), false, false, std::nullopt});
+  }
+};
+
+/// How an exception that is not an orpheus::error is classified.
+enum class unclassified_policy {
+  non_retryable,  ///< default: money is safer stuck than paid twice
+  retryable,
+};
+
+/// Classifies any exception: orpheus::error keeps its own class; anything else
+/// follows `policy`. Returns the data to record or report.
+[[nodiscard]] error_info classify(std::exception_ptr e, unclassified_policy policy);
+
+}  // namespace orpheus

@@ -1,0 +1,185 @@
+// orpheus::manager — makes a handler idempotent.
+//
+// A request is split in three phases (SPEC section 1):
+//   Pre-RPC   database only, in transaction 1 with the library's lease row;
+//             its result is serialised (nlohmann::json) and stored, and it
+//             runs at most once per key: a retry gets the stored result.
+//   RPC       network only, no transaction, with a deadline before the lease
+//             ends and an Attempt (is_retry, number, downstream_key).
+//   Post-RPC  database only, in transaction 2 with the recorded response;
+//             it commits only if this attempt still holds the lease.
+//
+//   /// [process]
+//   orpheus::response r = manager.process(
+//       id,
+//       [&](orpheus::tx& tx) { return record_payment(tx, req); },
+//       [&](const orpheus::attempt& a, const payment& p) {
+//         return bank.charge(p, a.downstream_key("charge"), a.is_retry());
+//       },
+//       [&](orpheus::tx& tx, const orpheus::attempt&,
+//           const orpheus::outcome<charge>& o) { return record_result(tx, o); });
+//   /// [process]
+//
+// What process() returns: the response to send — produced now, or replayed
+// from the record (response::replayed), including recorded failures.
+// What it throws: orpheus::error, whose retryable() says whether the client
+// may retry with the same key (see error.hpp):
+//   bad_input_error (400)   invalid key/scope/fingerprint; nothing touched
+//   422 fingerprint_mismatch  key re-used with another payload; nothing changed
+//   409 in_progress         another attempt holds the lease; retryable, with
+//                           retry_after = time left on the lease
+//   409 lease_lost          this attempt's lease was taken over; retryable
+//   503 storage_unavailable / commit_in_doubt   database trouble; retryable
+//   an error from Pre-RPC   as classified; nothing was recorded
+//   a retryable RPC outcome the key is left retryable; retryable
+//
+// Thread safety: process() may be called from any number of threads at once.
+// The store must outlive the manager.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "orpheus/error.hpp"
+#include "orpheus/request.hpp"
+#include "orpheus/store.hpp"
+#include "orpheus/tx.hpp"
+
+namespace orpheus {
+
+using namespace std::chrono_literals;
+
+struct config {
+  /// How long an attempt holds a key. A crashed attempt blocks its key this
+  /// long, then the next retry takes over.
+  std::chrono::milliseconds lease = 30s;
+  /// Deadline of the RPC phase; must be shorter than the lease so that
+  /// Post-RPC still runs under a live lease.
+  std::chrono::milliseconds rpc_timeout = 20s;
+  /// After this long since the first attempt, a key that has not finished is
+  /// recorded as a terminal failure instead of being retried.
+  std::chrono::milliseconds retry_window = 24h;
+  /// Attempts (first one included) before a terminal failure is recorded.
+  int max_attempts = 10;
+  /// How long terminal records are kept (and replayed) before purge.
+  std::chrono::milliseconds retention = 24h * 7;
+  /// How exceptions that are not orpheus::error are classified.
+  unclassified_policy unclassified = unclassified_policy::non_retryable;
+};
+
+/// Throws config_error for a configuration the library refuses: non-positive
+/// durations, rpc_timeout not shorter than the lease, max_attempts < 1.
+void validate(const config& c);
+
+struct process_options {
+  /// When another attempt holds the lease, wait up to this long for it to
+  /// finish and answer with its recorded response (0: answer 409 at once).
+  std::chrono::milliseconds wait_for = 0ms;
+};
+
+/// The result of the RPC phase as Post-RPC sees it: a value, or a classified
+/// error. The RPC may return T, return outcome<T>, or throw.
+template <class T>
+class outcome {
+ public:
+  using value_type = T;
+  outcome(T value) : v_(std::move(value)) {}   // NOLINT(google-explicit-constructor)
+  outcome(error_info e) : v_(std::move(e)) {}  // NOLINT(google-explicit-constructor)
+
+  [[nodiscard]] bool ok() const noexcept { return v_.index() == 0; }
+  [[nodiscard]] const T& value() const { return std::get<0>(v_); }
+  [[nodiscard]] const error_info& error() const { return std::get<1>(v_); }
+  [[nodiscard]] bool retryable() const noexcept { return !ok() && std::get<1>(v_).retryable; }
+
+ private:
+  std::variant<T, error_info> v_;
+};
+
+namespace detail {
+template <class T>
+struct is_outcome : std::false_type {};
+template <class T>
+struct is_outcome<outcome<T>> : std::true_type {};
+
+template <class R>
+struct outcome_of {
+  using type = outcome<R>;
+};
+template <class T>
+struct outcome_of<outcome<T>> {
+  using type = outcome<T>;
+};
+
+/// The three phases with their types erased; see manager::process().
+struct phases {
+  std::function<nlohmann::json(tx&)> pre;
+  /// Runs the RPC; returns nullopt on success, or the classified error.
+  std::function<std::optional<error_info>(const attempt&, const nlohmann::json&)> rpc;
+  std::function<response(tx&, const attempt&)> post;
+};
+}  // namespace detail
+
+class manager {
+ public:
+  /// Throws config_error when `c` is refused (see validate()).
+  explicit manager(store& s, config c = {});
+
+  template <class Pre, class Rpc, class Post>
+  response process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
+                   const process_options& options = {});
+
+  /// Purges one bounded batch of expired terminal records on every shard;
+  /// returns how many were deleted.
+  std::size_t purge_expired(std::size_t batch_limit);
+
+  [[nodiscard]] store& storage() noexcept { return store_; }
+  [[nodiscard]] const config& settings() const noexcept { return config_; }
+
+ private:
+  response run(const request_id& id, const detail::phases& p, const process_options& options);
+
+  store& store_;
+  config config_;
+};
+
+template <class Pre, class Rpc, class Post>
+response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
+                          const process_options& options) {
+  using pre_state = std::decay_t<std::invoke_result_t<Pre&, tx&>>;
+  static_assert(!std::is_void_v<pre_state>,
+                "Pre-RPC must return a value that nlohmann::json can "
+                "serialise; it is stored and handed to every retry");
+  using rpc_result = std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const pre_state&>>;
+  using outcome_t = typename detail::outcome_of<rpc_result>::type;
+
+  std::optional<outcome_t> result;
+  const unclassified_policy policy = config_.unclassified;
+  detail::phases p{
+      [&](tx& t) { return nlohmann::json(std::invoke(pre, t)); },
+      [&](const attempt& a, const nlohmann::json& stored) -> std::optional<error_info> {
+        try {
+          const auto state = stored.get<pre_state>();
+          result.emplace(std::invoke(rpc, a, state));
+        } catch (...) {
+          result.emplace(classify(std::current_exception(), policy));
+        }
+        if (result->ok()) return std::nullopt;
+        return result->error();
+      },
+      [&](tx& t, const attempt& a) -> response {
+        return std::invoke(post, t, a, std::as_const(*result));
+      }};
+  return run(id, p, options);
+}
+
+}  // namespace orpheus

@@ -1,0 +1,87 @@
+// The identity of an idempotent request, the response Orpheus records and
+// replays, and the Attempt handed to the RPC phase.
+//
+//   orpheus::request_id id{"tenant-42/payments.create", key,
+//                          orpheus::fingerprint_of(canonical_request)};
+//
+// A key is identified by (scope, key): one caller never sees, replays or
+// blocks another caller's key. The fingerprint is a SHA-256 of the canonical
+// request; re-using a key with another fingerprint is rejected (422).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "orpheus/error.hpp"
+
+namespace orpheus {
+
+inline constexpr std::size_t max_key_bytes = 255;
+inline constexpr std::size_t max_scope_bytes = 255;
+
+struct request_id {
+  std::string scope;
+  std::string key;
+  /// 64 lowercase hex characters (SHA-256); see fingerprint_of().
+  std::string fingerprint;
+};
+
+/// Throws bad_input_error (400, not retryable) when the key is empty, longer
+/// than 255 bytes, or has a byte outside printable ASCII (0x20..0x7E), or has
+/// leading or trailing spaces; the same rules for the scope; and when the
+/// fingerprint is not 64 lowercase hex characters. Touches no database.
+void validate(const request_id& id);
+
+/// SHA-256 of `canonical`, as 64 lowercase hex characters.
+[[nodiscard]] std::string fingerprint_of(std::string_view canonical);
+
+/// A response as recorded and replayed: status, headers in order, body bytes.
+struct response {
+  int status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  /// True when this answer was replayed from the record, not produced now.
+  bool replayed = false;
+
+  friend bool operator==(const response& a, const response& b) {
+    return a.status == b.status && a.headers == b.headers && a.body == b.body;
+  }
+};
+
+/// An RFC 9457 problem+json response for `e`, with a `retryable` member.
+[[nodiscard]] response problem_response(const error_info& e);
+
+/// What the RPC phase knows about the attempt it runs in.
+///
+/// Lifetime: valid for the duration of one process() call.
+class attempt {
+ public:
+  attempt(const request_id& id, int number, std::chrono::steady_clock::time_point deadline)
+      : id_(&id), number_(number), deadline_(deadline) {}
+
+  [[nodiscard]] const request_id& id() const noexcept { return *id_; }
+  /// 1 for the first attempt; a take-over after a crash or a retryable
+  /// failure counts up.
+  [[nodiscard]] int number() const noexcept { return number_; }
+  /// True when an earlier attempt may have reached the downstream service:
+  /// ask it what became of that attempt before acting again.
+  [[nodiscard]] bool is_retry() const noexcept { return number_ > 1; }
+  /// The RPC must be finished by then; it ends before the lease does.
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline() const noexcept {
+    return deadline_;
+  }
+  /// A key derived from (scope, key, name), the same on every attempt, to pass
+  /// to a downstream service so that it deduplicates too.
+  [[nodiscard]] std::string downstream_key(std::string_view name) const;
+
+ private:
+  const request_id* id_;
+  int number_;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+}  // namespace orpheus

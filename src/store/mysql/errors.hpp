@@ -1,0 +1,23 @@
+// The one place where mysql-connector-c++ errors are classified.
+#pragma once
+
+#include <cppconn/exception.h>
+
+#include <string_view>
+
+#include "orpheus/error.hpp"
+
+namespace orpheus::mysql_detail {
+
+/// True when the connection can no longer be trusted and must be discarded
+/// (lost link, server gone, killed session).
+[[nodiscard]] bool connection_broken(int code) noexcept;
+
+/// Maps a driver error to a storage_error. `in_commit`: the error came out of
+/// COMMIT, where a lost connection means the outcome is unknown (in doubt).
+[[nodiscard]] storage_error classify(const sql::SQLException& e, std::string_view what,
+                                     bool in_commit);
+
+inline constexpr int duplicate_key = 1062;
+
+}  // namespace orpheus::mysql_detail

@@ -1,0 +1,601 @@
+#include "orpheus/store/mysql.hpp"
+
+#include <cppconn/connection.h>
+#include <cppconn/datatype.h>
+#include <cppconn/driver.h>
+#include <cppconn/prepared_statement.h>
+#include <cppconn/resultset.h>
+#include <cppconn/resultset_metadata.h>
+#include <cppconn/statement.h>
+
+#include <charconv>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "errors.hpp"
+#include "orpheus/detail/migration.hpp"
+#include "orpheus/shard_map.hpp"
+
+namespace orpheus {
+namespace detail {
+const std::vector<migration>& mysql_migrations();
+}
+
+namespace {
+
+using mysql_detail::classify;
+using mysql_detail::connection_broken;
+using steady = std::chrono::steady_clock;
+
+// The database clock in microseconds since the epoch (sessions use UTC).
+#define ORPHEUS_NOW "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+
+constexpr const char* record_columns =
+    "state, fingerprint, attempts, lease_owner, lease_expires_us, pre_state, "
+    "recovery_point, status, headers, body, last_error, created_us, "
+    "updated_us, retry_until_us, expires_us, " ORPHEUS_NOW;
+
+sql::Driver* driver() {
+  // get_driver_instance() is not thread-safe; a function-local static is
+  // initialised exactly once.
+  static sql::Driver* d = get_driver_instance();
+  return d;
+}
+
+/// One connection with its prepared-statement cache. A statement is prepared
+/// once per connection, so each execution is a single round trip.
+class connection {
+ public:
+  connection(const mysql_shard& s, const mysql_options& o, bool autocommit,
+             std::uint64_t generation)
+      : generation_(generation) {
+    sql::ConnectOptionsMap opts;
+    opts["hostName"] = sql::SQLString("tcp://" + s.host + ":" + std::to_string(s.port));
+    opts["userName"] = sql::SQLString(s.user);
+    opts["password"] = sql::SQLString(s.password);
+    opts["schema"] = sql::SQLString(s.database);
+    opts["OPT_CONNECT_TIMEOUT"] = static_cast<int>(o.connect_timeout.count());
+    opts["OPT_READ_TIMEOUT"] = static_cast<int>(o.read_timeout.count());
+    opts["OPT_WRITE_TIMEOUT"] = static_cast<int>(o.write_timeout.count());
+    opts["OPT_RECONNECT"] = false;     // see STACK.md: silent autocommit after loss
+    opts["CLIENT_FOUND_ROWS"] = true;  // affected rows = matched rows
+    conn_.reset(driver()->connect(opts));
+    std::unique_ptr<sql::Statement> st(conn_->createStatement());
+    st->execute("SET SESSION time_zone = '+00:00'");
+    st->execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    conn_->setAutoCommit(autocommit);
+    last_used_ = steady::now();
+  }
+
+  sql::Connection& raw() { return *conn_; }
+  std::uint64_t generation() const { return generation_; }
+  void set_generation(std::uint64_t g) { generation_ = g; }
+  steady::time_point last_used() const { return last_used_; }
+  void touch() { last_used_ = steady::now(); }
+
+  sql::PreparedStatement& prepare(std::string_view sql) {
+    auto it = cache_.find(std::string(sql));
+    if (it != cache_.end()) return *it->second;
+    if (cache_.size() >= 128) cache_.clear();  // bound run-time-built SQL
+    std::unique_ptr<sql::PreparedStatement> ps(
+        conn_->prepareStatement(sql::SQLString(std::string(sql))));
+    return *cache_.emplace(std::string(sql), std::move(ps)).first->second;
+  }
+
+ private:
+  std::unique_ptr<sql::Connection> conn_;
+  // Declared after conn_: statements are closed before their connection.
+  std::unordered_map<std::string, std::unique_ptr<sql::PreparedStatement>> cache_;
+  std::uint64_t generation_;
+  steady::time_point last_used_;
+};
+
+/// A bounded pool for one shard and one autocommit mode.
+class pool {
+ public:
+  pool(mysql_shard shard, const mysql_options& o, bool autocommit)
+      : shard_(std::move(shard)), options_(o), autocommit_(autocommit) {}
+
+  std::unique_ptr<connection> borrow() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      const bool ready = available_.wait_for(lock, options_.pool_wait, [&] {
+        return !idle_.empty() || open_ < options_.max_connections_per_shard;
+      });
+      if (!ready) {
+        throw storage_error::retryable("mysql: no free connection to " + shard_.host + ":" +
+                                       std::to_string(shard_.port) + " within pool_wait");
+      }
+      if (idle_.empty()) break;
+      auto c = std::move(idle_.back());
+      idle_.pop_back();
+      const bool suspect = c->generation() != generation_ ||
+                           steady::now() - c->last_used() > options_.ping_after_idle;
+      if (!suspect) return c;
+      const auto gen = generation_;
+      lock.unlock();
+      bool ok = false;
+      try {
+        ok = c->raw().isValid();
+      } catch (const sql::SQLException&) {
+        ok = false;
+      }
+      lock.lock();
+      if (ok) {
+        c->set_generation(gen);
+        return c;
+      }
+      --open_;  // dead: drop it and look again
+    }
+    ++open_;
+    const auto gen = generation_;
+    lock.unlock();
+    try {
+      return std::make_unique<connection>(shard_, options_, autocommit_, gen);
+    } catch (const sql::SQLException& e) {
+      forget_one();
+      throw classify(e, "connect", false);
+    } catch (...) {
+      forget_one();
+      throw;
+    }
+  }
+
+  /// Returns a connection; a broken one is closed, and every idle connection
+  /// opened before it is pinged before its next use.
+  void give_back(std::unique_ptr<connection> c, bool broken) {
+    if (broken) {
+      c.reset();
+      std::lock_guard lock(mutex_);
+      --open_;
+      ++generation_;
+      available_.notify_one();
+      return;
+    }
+    c->touch();
+    std::lock_guard lock(mutex_);
+    idle_.push_back(std::move(c));
+    available_.notify_one();
+  }
+
+  const mysql_shard& shard() const { return shard_; }
+
+ private:
+  void forget_one() {
+    std::lock_guard lock(mutex_);
+    --open_;
+    ++generation_;
+    available_.notify_one();
+  }
+
+  mysql_shard shard_;
+  const mysql_options& options_;
+  bool autocommit_;
+  std::mutex mutex_;
+  std::condition_variable available_;
+  std::vector<std::unique_ptr<connection>> idle_;
+  std::size_t open_ = 0;
+  std::uint64_t generation_ = 0;
+};
+
+/// A borrowed connection, returned on destruction (discarded if broken).
+class borrowed {
+ public:
+  explicit borrowed(pool& p) : pool_(&p), conn_(p.borrow()) {}
+  borrowed(const borrowed&) = delete;
+  borrowed& operator=(const borrowed&) = delete;
+  ~borrowed() {
+    if (conn_) pool_->give_back(std::move(conn_), broken_);
+  }
+  connection& operator*() { return *conn_; }
+  connection* operator->() { return conn_.get(); }
+  void mark_broken() { broken_ = true; }
+
+  /// Runs `f`, translating driver errors; a broken link marks the connection.
+  template <class F>
+  auto guarded(std::string_view what, F&& f, bool in_commit = false) {
+    try {
+      return f(*conn_);
+    } catch (const sql::SQLException& e) {
+      if (connection_broken(e.getErrorCode()) || e.getErrorCode() == 0) broken_ = true;
+      throw classify(e, what, in_commit);
+    }
+  }
+
+ private:
+  pool* pool_;
+  std::unique_ptr<connection> conn_;
+  bool broken_ = false;
+};
+
+void bind(sql::PreparedStatement& ps, std::span<const sql_value> params) {
+  unsigned i = 1;
+  for (const auto& p : params) {
+    if (std::holds_alternative<std::nullptr_t>(p)) {
+      ps.setNull(i, sql::DataType::SQLNULL);
+    } else if (const auto* n = std::get_if<std::int64_t>(&p)) {
+      ps.setInt64(i, *n);
+    } else if (const auto* d = std::get_if<double>(&p)) {
+      ps.setDouble(i, *d);
+    } else {
+      ps.setString(i, sql::SQLString(std::get<std::string>(p)));
+    }
+    ++i;
+  }
+}
+
+sql_rows read_rows(sql::ResultSet& rs) {
+  sql_rows rows;
+  sql::ResultSetMetaData* md = rs.getMetaData();
+  const unsigned n = md->getColumnCount();
+  std::vector<int> types(n);
+  for (unsigned c = 0; c < n; ++c) types[c] = md->getColumnType(c + 1);
+  while (rs.next()) {
+    sql_row row;
+    row.values.reserve(n);
+    for (unsigned c = 1; c <= n; ++c) {
+      if (rs.isNull(c)) {
+        row.values.emplace_back(nullptr);
+        continue;
+      }
+      switch (types[c - 1]) {
+        case sql::DataType::BIT:
+        case sql::DataType::TINYINT:
+        case sql::DataType::SMALLINT:
+        case sql::DataType::MEDIUMINT:
+        case sql::DataType::INTEGER:
+        case sql::DataType::BIGINT:
+        case sql::DataType::YEAR:
+          row.values.emplace_back(static_cast<std::int64_t>(rs.getInt64(c)));
+          break;
+        case sql::DataType::REAL:
+        case sql::DataType::DOUBLE:
+          row.values.emplace_back(static_cast<double>(rs.getDouble(c)));
+          break;
+        default:
+          row.values.emplace_back(rs.getString(c).asStdString());
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+sql_rows run_query(connection& c, std::string_view sql, std::span<const sql_value> p) {
+  auto& ps = c.prepare(sql);
+  bind(ps, p);
+  std::unique_ptr<sql::ResultSet> rs(ps.executeQuery());
+  return read_rows(*rs);
+}
+
+std::uint64_t run_update(connection& c, std::string_view sql, std::span<const sql_value> p) {
+  auto& ps = c.prepare(sql);
+  bind(ps, p);
+  return static_cast<std::uint64_t>(ps.executeUpdate());
+}
+
+std::string text_or_empty(const sql_value& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  return s ? *s : std::string{};
+}
+std::int64_t int_or_zero(const sql_value& v) {
+  if (const auto* n = std::get_if<std::int64_t>(&v)) return *n;
+  if (const auto* s = std::get_if<std::string>(&v)) {  // DECIMAL arrives as text
+    std::int64_t out = 0;
+    std::from_chars(s->data(), s->data() + s->size(), out);
+    return out;
+  }
+  return 0;
+}
+
+record to_record(const sql_row& r) {
+  record out;
+  out.state = static_cast<record_state>(int_or_zero(r.values[0]));
+  out.fingerprint = text_or_empty(r.values[1]);
+  out.attempts = static_cast<int>(int_or_zero(r.values[2]));
+  out.lease_owner = text_or_empty(r.values[3]);
+  out.lease_expires_us = int_or_zero(r.values[4]);
+  out.pre_state = text_or_empty(r.values[5]);
+  out.recovery_point = text_or_empty(r.values[6]);
+  out.recorded.status = static_cast<int>(int_or_zero(r.values[7]));
+  const std::string headers = text_or_empty(r.values[8]);
+  if (!headers.empty()) {
+    out.recorded.headers =
+        nlohmann::json::parse(headers).get<std::vector<std::pair<std::string, std::string>>>();
+  }
+  out.recorded.body = text_or_empty(r.values[9]);
+  out.last_error = text_or_empty(r.values[10]);
+  out.created_us = int_or_zero(r.values[11]);
+  out.updated_us = int_or_zero(r.values[12]);
+  out.retry_until_us = int_or_zero(r.values[13]);
+  out.expires_us = int_or_zero(r.values[14]);
+  out.db_now_us = int_or_zero(r.values[15]);
+  return out;
+}
+
+const std::string& select_record_sql(bool for_update) {
+  static const std::string plain = std::string("SELECT ") + record_columns +
+                                   " FROM orpheus_records WHERE scope = ? AND idem_key = ?";
+  static const std::string locking = plain + " FOR UPDATE";
+  return for_update ? locking : plain;
+}
+
+}  // namespace
+
+struct mysql_store::impl {
+  mysql_options options;
+  // Per shard: transactions (autocommit off) and fast-path reads (autocommit
+  // on, so a read leaves no transaction open behind it).
+  std::vector<std::unique_ptr<pool>> tx_pools;
+  std::vector<std::unique_ptr<pool>> read_pools;
+};
+
+namespace {
+
+class mysql_tx final : public store_tx {
+ public:
+  mysql_tx(pool& p, std::size_t shard) : conn_(p), shard_(shard) {}
+  ~mysql_tx() override { rollback(); }
+
+  sql_rows query_values(std::string_view sql, std::span<const sql_value> p) override {
+    return conn_.guarded("query", [&](connection& c) { return run_query(c, sql, p); });
+  }
+  std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
+    return conn_.guarded("execute", [&](connection& c) { return run_update(c, sql, p); });
+  }
+  std::size_t shard() const override { return shard_; }
+
+  bool insert(const request_id& id, std::string_view owner, const lease_terms& t) override {
+    try {
+      return execute(
+                 "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, "
+                 "attempts, lease_owner, lease_expires_us, created_us, updated_us, "
+                 "retry_until_us) VALUES (?, ?, ?, 1, 1, ?, " ORPHEUS_NOW " + ?, " ORPHEUS_NOW
+                 ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?)",
+                 id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us) == 1;
+    } catch (const storage_error&) {
+      if (last_code_is_duplicate()) return false;
+      throw;
+    }
+  }
+
+  std::optional<record> lock(const request_id& id) override {
+    auto rows = query_values(select_record_sql(true), std::vector<sql_value>{id.scope, id.key});
+    if (rows.empty()) return std::nullopt;
+    return to_record(rows.front());
+  }
+
+  bool save_pre_state(const request_id& id, std::string_view owner,
+                      std::string_view json) override {
+    return execute("UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
+                   " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
+                   json, id.scope, id.key, owner) == 1;
+  }
+
+  void take_lease(const request_id& id, std::string_view owner, int attempts,
+                  const lease_terms& t) override {
+    execute("UPDATE orpheus_records SET state = 1, lease_owner = ?, lease_expires_us = " ORPHEUS_NOW
+            " + ?, attempts = ?, updated_us = " ORPHEUS_NOW " WHERE scope = ? AND idem_key = ?",
+            owner, t.lease_us, attempts, id.scope, id.key);
+  }
+
+  bool finish(const request_id& id, std::string_view owner, record_state s, const response& r,
+              std::string_view last_error, const lease_terms& t) override {
+    const std::string headers =
+        nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return execute(
+               "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
+               "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
+               "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
+               " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
+               static_cast<int>(s), r.status, headers, r.body, last_error, t.retention_us, id.scope,
+               id.key, owner) == 1;
+  }
+
+  bool release(const request_id& id, std::string_view owner, std::string_view why) override {
+    return execute(
+               "UPDATE orpheus_records SET state = 2, lease_owner = NULL, "
+               "lease_expires_us = NULL, last_error = ?, updated_us = " ORPHEUS_NOW
+               " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
+               why, id.scope, id.key, owner) == 1;
+  }
+
+  void commit() override {
+    done_ = true;
+    conn_.guarded(
+        "commit", [](connection& c) { c.raw().commit(); }, /*in_commit=*/true);
+  }
+
+  void rollback() noexcept override {
+    if (done_) return;
+    done_ = true;
+    try {
+      conn_->raw().rollback();
+    } catch (...) {
+      conn_.mark_broken();  // state unknown: never hand this connection out again
+    }
+  }
+
+ private:
+  bool last_code_is_duplicate() const { return last_code_ == mysql_detail::duplicate_key; }
+
+  // execute() that remembers the driver's error code for insert().
+  template <class... Args>
+  std::uint64_t execute(std::string_view sql, Args&&... args) {
+    const sql_value params[] = {detail::to_sql_value(std::forward<Args>(args))...};
+    try {
+      return run_update(*conn_, sql, params);
+    } catch (const sql::SQLException& e) {
+      last_code_ = e.getErrorCode();
+      if (connection_broken(last_code_) || last_code_ == 0) conn_.mark_broken();
+      throw classify(e, "execute", false);
+    }
+  }
+
+  borrowed conn_;
+  std::size_t shard_;
+  bool done_ = false;
+  int last_code_ = 0;
+};
+
+}  // namespace
+
+mysql_shard parse_mysql_url(std::string_view url) {
+  constexpr std::string_view scheme = "mysql://";
+  auto bad = [&](const char* why) {
+    return config_error(std::string("bad MySQL URL (") + why +
+                        "); expected mysql://user:password@host:port/database");
+  };
+  if (url.substr(0, scheme.size()) != scheme) throw bad("scheme");
+  url.remove_prefix(scheme.size());
+  const auto at = url.rfind('@');
+  if (at == std::string_view::npos) throw bad("no user");
+  const auto creds = url.substr(0, at);
+  url.remove_prefix(at + 1);
+  mysql_shard s;
+  const auto colon = creds.find(':');
+  s.user = std::string(creds.substr(0, colon));
+  if (colon != std::string_view::npos) s.password = std::string(creds.substr(colon + 1));
+  const auto slash = url.find('/');
+  if (slash == std::string_view::npos) throw bad("no database");
+  const auto hostport = url.substr(0, slash);
+  s.database = std::string(url.substr(slash + 1));
+  const auto pc = hostport.rfind(':');
+  s.host = std::string(hostport.substr(0, pc));
+  if (pc != std::string_view::npos) {
+    const auto p = hostport.substr(pc + 1);
+    int port = 0;
+    const auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+    if (ec != std::errc{} || ptr != p.data() + p.size() || port <= 0 || port > 65535) {
+      throw bad("port");
+    }
+    s.port = port;
+  }
+  if (s.user.empty() || s.host.empty() || s.database.empty()) throw bad("empty part");
+  return s;
+}
+
+mysql_store::mysql_store(mysql_options options) : impl_(std::make_unique<impl>()) {
+  if (options.shards.empty()) throw config_error("mysql_store: no shards");
+  if (options.max_connections_per_shard == 0) {
+    throw config_error("mysql_store: max_connections_per_shard is 0");
+  }
+  for (const auto& s : options.shards) {
+    if (s.database.empty() || s.host.empty() || s.user.empty()) {
+      throw config_error("mysql_store: a shard needs host, user and database");
+    }
+    if (s.port <= 0 || s.port > 65535) throw config_error("mysql_store: bad port");
+  }
+  if (options.connect_timeout.count() <= 0 || options.read_timeout.count() <= 0 ||
+      options.write_timeout.count() <= 0) {
+    throw config_error("mysql_store: timeouts must be positive");
+  }
+  driver();
+  impl_->options = std::move(options);
+  for (const auto& s : impl_->options.shards) {
+    impl_->tx_pools.push_back(std::make_unique<pool>(s, impl_->options, false));
+    impl_->read_pools.push_back(std::make_unique<pool>(s, impl_->options, true));
+  }
+}
+
+mysql_store::~mysql_store() = default;
+
+std::size_t mysql_store::shard_count() const { return impl_->tx_pools.size(); }
+
+std::size_t mysql_store::shard_of(const request_id& id) const {
+  return shard_for(id.scope, id.key, shard_count());
+}
+
+std::optional<record> mysql_store::read(const request_id& id) {
+  const sql_value params[] = {id.scope, id.key};
+  // A read changes nothing, so one retry on a fresh connection is safe: it
+  // hides a pooled connection that died while idle.
+  for (int tries = 0;; ++tries) {
+    borrowed c(*impl_->read_pools[shard_of(id)]);
+    try {
+      auto rows = c.guarded("read", [&](connection& conn) {
+        return run_query(conn, select_record_sql(false), params);
+      });
+      if (rows.empty()) return std::nullopt;
+      return to_record(rows.front());
+    } catch (const storage_error&) {
+      if (tries > 0) throw;
+    }
+  }
+}
+
+std::unique_ptr<store_tx> mysql_store::begin(const request_id& id) {
+  return begin_on_shard(shard_of(id));
+}
+
+std::unique_ptr<store_tx> mysql_store::begin_on_shard(std::size_t shard) {
+  if (shard >= shard_count()) throw storage_error::fatal("mysql_store: no such shard");
+  return std::make_unique<mysql_tx>(*impl_->tx_pools[shard], shard);
+}
+
+std::size_t mysql_store::purge_expired(std::size_t shard, std::size_t limit) {
+  auto t = begin_on_shard(shard);
+  const auto n =
+      t->execute("DELETE FROM orpheus_records WHERE state IN (3, 4) AND expires_us < " ORPHEUS_NOW
+                 " ORDER BY expires_us LIMIT ?",
+                 static_cast<std::int64_t>(limit));
+  t->commit();
+  return n;
+}
+
+void mysql_store::migrate() {
+  for (std::size_t s = 0; s < shard_count(); ++s) {
+    borrowed c(*impl_->read_pools[s]);
+    c.guarded("migrate", [&](connection& conn) {
+      std::unique_ptr<sql::Statement> st(conn.raw().createStatement());
+      // DDL is not transactional in MySQL: serialise migrators with a lock
+      // and record each file as soon as it is applied.
+      std::unique_ptr<sql::ResultSet> got(
+          st->executeQuery("SELECT GET_LOCK('orpheus_migrate', 60)"));
+      if (!got->next() || got->getInt(1) != 1) {
+        throw storage_error::retryable("mysql: another process is migrating");
+      }
+      got.reset();
+      try {
+        st->execute(
+            "CREATE TABLE IF NOT EXISTS orpheus_schema_version (version INT PRIMARY KEY, "
+            "name VARCHAR(255) NOT NULL, applied_us BIGINT NOT NULL) ENGINE=InnoDB");
+        std::unique_ptr<sql::ResultSet> v(
+            st->executeQuery("SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version"));
+        v->next();
+        const int current = v->getInt(1);
+        v.reset();
+        for (const auto& m : detail::mysql_migrations()) {
+          if (m.version <= current) continue;
+          for (const auto& stmt : detail::split_statements(m.sql)) st->execute(stmt);
+          const sql_value p[] = {std::int64_t{m.version}, std::string(m.name)};
+          run_update(conn,
+                     "INSERT INTO orpheus_schema_version(version, name, applied_us) VALUES (?, "
+                     "?, " ORPHEUS_NOW ")",
+                     p);
+        }
+      } catch (...) {
+        st->execute("DO RELEASE_LOCK('orpheus_migrate')");
+        throw;
+      }
+      st->execute("DO RELEASE_LOCK('orpheus_migrate')");
+    });
+  }
+}
+
+int mysql_store::schema_version(std::size_t shard) {
+  borrowed c(*impl_->read_pools.at(shard));
+  return c.guarded("schema_version", [&](connection& conn) {
+    auto exists = run_query(conn,
+                            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "
+                            "DATABASE() AND table_name = 'orpheus_schema_version'",
+                            {});
+    if (int_or_zero(exists.at(0).values.at(0)) == 0) return 0;
+    auto v = run_query(conn, "SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version", {});
+    return static_cast<int>(int_or_zero(v.at(0).values.at(0)));
+  });
+}
+
+}  // namespace orpheus

@@ -1,0 +1,423 @@
+#include "orpheus/store/sqlite.hpp"
+
+#include <sqlite3.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <vector>
+
+#include "orpheus/detail/migration.hpp"
+
+namespace orpheus {
+namespace detail {
+const std::vector<migration>& sqlite_migrations();
+}
+
+namespace {
+
+// The database clock, in microseconds since the epoch (julianday has
+// millisecond precision; enough for leases measured in seconds).
+#define ORPHEUS_NOW "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+
+constexpr const char* record_columns =
+    "state, fingerprint, attempts, lease_owner, lease_expires_us, pre_state, "
+    "recovery_point, status, headers, body, last_error, created_us, "
+    "updated_us, retry_until_us, expires_us, " ORPHEUS_NOW;
+
+// The one place where SQLite result codes become retryable or not.
+[[noreturn]] void throw_sqlite(sqlite3* db, int rc, std::string_view what, bool in_commit = false) {
+  std::string msg = "sqlite: ";
+  msg.append(what).append(": ").append(db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  switch (rc & 0xFF) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+    case SQLITE_CANTOPEN:
+    case SQLITE_PROTOCOL:
+    case SQLITE_NOMEM:
+      throw storage_error::retryable(std::move(msg), in_commit);
+    default:
+      if (in_commit) throw storage_error::retryable(std::move(msg), true);
+      throw storage_error::fatal(std::move(msg));
+  }
+}
+
+class connection {
+ public:
+  explicit connection(const sqlite_options& o) {
+    const int rc =
+        sqlite3_open_v2(o.path.c_str(), &db_,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+    if (rc != SQLITE_OK) {
+      std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+      sqlite3_close(db_);
+      db_ = nullptr;
+      throw storage_error::retryable("sqlite: cannot open " + o.path + ": " + msg);
+    }
+    sqlite3_busy_timeout(db_, static_cast<int>(o.busy_timeout.count()));
+    exec("PRAGMA journal_mode=WAL");
+    exec("PRAGMA synchronous=FULL");
+    exec("PRAGMA foreign_keys=ON");
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  ~connection() {
+    for (auto& [sql, stmt] : cache_) sqlite3_finalize(stmt);
+    sqlite3_close(db_);
+  }
+
+  sqlite3* db() const { return db_; }
+
+  void exec(const char* sql) {
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
+    sqlite3_free(err);
+    if (rc != SQLITE_OK) throw_sqlite(db_, rc, sql);
+  }
+
+  // Prepared statements are cached per connection: one prepare per SQL text.
+  sqlite3_stmt* prepare(std::string_view sql) {
+    auto it = cache_.find(std::string(sql));
+    if (it != cache_.end()) {
+      sqlite3_reset(it->second);
+      sqlite3_clear_bindings(it->second);
+      return it->second;
+    }
+    sqlite3_stmt* stmt = nullptr;
+    const int rc =
+        sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+    if (rc != SQLITE_OK) throw_sqlite(db_, rc, "prepare");
+    if (cache_.size() > 256) {  // application SQL built at run time: bound it
+      for (auto& [s, st] : cache_) sqlite3_finalize(st);
+      cache_.clear();
+    }
+    cache_.emplace(std::string(sql), stmt);
+    return stmt;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+  std::unordered_map<std::string, sqlite3_stmt*> cache_;
+};
+
+void bind(sqlite3* db, sqlite3_stmt* s, std::span<const sql_value> params) {
+  if (static_cast<int>(params.size()) != sqlite3_bind_parameter_count(s)) {
+    throw storage_error::fatal("sqlite: statement expects " +
+                               std::to_string(sqlite3_bind_parameter_count(s)) +
+                               " parameters, got " + std::to_string(params.size()));
+  }
+  int i = 1;
+  for (const auto& p : params) {
+    int rc = SQLITE_OK;
+    if (std::holds_alternative<std::nullptr_t>(p)) {
+      rc = sqlite3_bind_null(s, i);
+    } else if (const auto* n = std::get_if<std::int64_t>(&p)) {
+      rc = sqlite3_bind_int64(s, i, *n);
+    } else if (const auto* d = std::get_if<double>(&p)) {
+      rc = sqlite3_bind_double(s, i, *d);
+    } else {
+      const auto& str = std::get<std::string>(p);
+      // Text, not blob: SQL literals in the application's statements compare
+      // equal to it. Length-delimited, so any bytes survive.
+      rc = sqlite3_bind_text64(s, i, str.data(), str.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
+    }
+    if (rc != SQLITE_OK) throw_sqlite(db, rc, "bind");
+    ++i;
+  }
+}
+
+sql_value column(sqlite3_stmt* s, int i) {
+  switch (sqlite3_column_type(s, i)) {
+    case SQLITE_NULL:
+      return nullptr;
+    case SQLITE_INTEGER:
+      return static_cast<std::int64_t>(sqlite3_column_int64(s, i));
+    case SQLITE_FLOAT:
+      return sqlite3_column_double(s, i);
+    default: {
+      const auto* p = static_cast<const char*>(sqlite3_column_blob(s, i));
+      return std::string(p ? p : "", static_cast<std::size_t>(sqlite3_column_bytes(s, i)));
+    }
+  }
+}
+
+// Runs a statement to completion; returns its rows.
+sql_rows run(connection& c, std::string_view sql, std::span<const sql_value> params) {
+  sqlite3_stmt* s = c.prepare(sql);
+  bind(c.db(), s, params);
+  sql_rows rows;
+  for (;;) {
+    const int rc = sqlite3_step(s);
+    if (rc == SQLITE_DONE) break;
+    if (rc != SQLITE_ROW) {
+      sqlite3_reset(s);
+      throw_sqlite(c.db(), rc, "step");
+    }
+    sql_row row;
+    const int n = sqlite3_column_count(s);
+    row.values.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) row.values.push_back(column(s, i));
+    rows.push_back(std::move(row));
+  }
+  sqlite3_reset(s);
+  return rows;
+}
+
+std::string text_or_empty(const sql_value& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  return s ? *s : std::string{};
+}
+std::int64_t int_or_zero(const sql_value& v) {
+  const auto* n = std::get_if<std::int64_t>(&v);
+  return n ? *n : 0;
+}
+
+record to_record(const sql_row& r) {
+  record out;
+  out.state = static_cast<record_state>(int_or_zero(r.values[0]));
+  out.fingerprint = text_or_empty(r.values[1]);
+  out.attempts = static_cast<int>(int_or_zero(r.values[2]));
+  out.lease_owner = text_or_empty(r.values[3]);
+  out.lease_expires_us = int_or_zero(r.values[4]);
+  out.pre_state = text_or_empty(r.values[5]);
+  out.recovery_point = text_or_empty(r.values[6]);
+  out.recorded.status = static_cast<int>(int_or_zero(r.values[7]));
+  const std::string headers = text_or_empty(r.values[8]);
+  if (!headers.empty()) {
+    out.recorded.headers =
+        nlohmann::json::parse(headers).get<std::vector<std::pair<std::string, std::string>>>();
+  }
+  out.recorded.body = text_or_empty(r.values[9]);
+  out.last_error = text_or_empty(r.values[10]);
+  out.created_us = int_or_zero(r.values[11]);
+  out.updated_us = int_or_zero(r.values[12]);
+  out.retry_until_us = int_or_zero(r.values[13]);
+  out.expires_us = int_or_zero(r.values[14]);
+  out.db_now_us = int_or_zero(r.values[15]);
+  return out;
+}
+
+std::string headers_json(const response& r) {
+  return nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+struct sqlite_store::impl {
+  sqlite_options options;
+  std::mutex mutex;
+  std::condition_variable available;
+  std::vector<std::unique_ptr<connection>> idle;
+  std::size_t open = 0;
+
+  // A connection borrowed from the pool; returned on destruction.
+  struct lease_handle {
+    impl* owner;
+    std::unique_ptr<connection> conn;
+    lease_handle(impl* o, std::unique_ptr<connection> c) : owner(o), conn(std::move(c)) {}
+    lease_handle(lease_handle&&) = default;
+    ~lease_handle() {
+      if (conn) owner->give_back(std::move(conn));
+    }
+  };
+
+  lease_handle borrow() {
+    std::unique_lock lock(mutex);
+    available.wait(lock, [&] { return !idle.empty() || open < options.max_connections; });
+    if (!idle.empty()) {
+      auto c = std::move(idle.back());
+      idle.pop_back();
+      return {this, std::move(c)};
+    }
+    ++open;
+    lock.unlock();
+    try {
+      return {this, std::make_unique<connection>(options)};
+    } catch (...) {
+      std::lock_guard relock(mutex);
+      --open;
+      available.notify_one();
+      throw;
+    }
+  }
+
+  void give_back(std::unique_ptr<connection> c) {
+    std::lock_guard lock(mutex);
+    idle.push_back(std::move(c));
+    available.notify_one();
+  }
+};
+
+namespace {
+
+class sqlite_tx final : public store_tx {
+ public:
+  explicit sqlite_tx(sqlite_store::impl::lease_handle h) : h_(std::move(h)) {
+    conn().exec("BEGIN IMMEDIATE");
+    open_ = true;
+  }
+  ~sqlite_tx() override { rollback(); }
+
+  sql_rows query_values(std::string_view sql, std::span<const sql_value> p) override {
+    return run(conn(), sql, p);
+  }
+  std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
+    run(conn(), sql, p);
+    return static_cast<std::uint64_t>(sqlite3_changes(conn().db()));
+  }
+  std::size_t shard() const override { return 0; }
+
+  bool insert(const request_id& id, std::string_view owner, const lease_terms& t) override {
+    return execute(
+               "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, "
+               "attempts, lease_owner, lease_expires_us, created_us, updated_us, "
+               "retry_until_us) VALUES (?, ?, ?, 1, 1, ?, " ORPHEUS_NOW " + ?, " ORPHEUS_NOW
+               ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?) ON CONFLICT DO NOTHING",
+               id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us) == 1;
+  }
+
+  std::optional<record> lock(const request_id& id) override {
+    // BEGIN IMMEDIATE already holds the database's write lock.
+    auto rows = query(std::string("SELECT ") + record_columns +
+                          " FROM orpheus_records WHERE scope = ? AND idem_key = ?",
+                      id.scope, id.key);
+    if (rows.empty()) return std::nullopt;
+    return to_record(rows.front());
+  }
+
+  bool save_pre_state(const request_id& id, std::string_view owner,
+                      std::string_view json) override {
+    return execute("UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
+                   " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
+                   json, id.scope, id.key, owner) == 1;
+  }
+
+  void take_lease(const request_id& id, std::string_view owner, int attempts,
+                  const lease_terms& t) override {
+    execute("UPDATE orpheus_records SET state = 1, lease_owner = ?, lease_expires_us = " ORPHEUS_NOW
+            " + ?, attempts = ?, updated_us = " ORPHEUS_NOW " WHERE scope = ? AND idem_key = ?",
+            owner, t.lease_us, attempts, id.scope, id.key);
+  }
+
+  bool finish(const request_id& id, std::string_view owner, record_state s, const response& r,
+              std::string_view last_error, const lease_terms& t) override {
+    return execute(
+               "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
+               "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
+               "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
+               " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
+               static_cast<int>(s), r.status, headers_json(r), r.body, last_error, t.retention_us,
+               id.scope, id.key, owner) == 1;
+  }
+
+  bool release(const request_id& id, std::string_view owner, std::string_view why) override {
+    return execute(
+               "UPDATE orpheus_records SET state = 2, lease_owner = NULL, "
+               "lease_expires_us = NULL, last_error = ?, updated_us = " ORPHEUS_NOW
+               " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
+               why, id.scope, id.key, owner) == 1;
+  }
+
+  void commit() override {
+    const int rc = sqlite3_exec(conn().db(), "COMMIT", nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) {
+      rollback();
+      throw_sqlite(conn().db(), rc, "commit", /*in_commit=*/true);
+    }
+    open_ = false;
+  }
+
+  void rollback() noexcept override {
+    if (!open_) return;
+    open_ = false;
+    sqlite3_exec(conn().db(), "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+
+ private:
+  connection& conn() { return *h_.conn; }
+  sqlite_store::impl::lease_handle h_;
+  bool open_ = false;
+};
+
+}  // namespace
+
+sqlite_store::sqlite_store(sqlite_options options) : impl_(std::make_unique<impl>()) {
+  if (options.path.empty()) throw config_error("sqlite_store: path is empty");
+  if (options.max_connections == 0) throw config_error("sqlite_store: max_connections is 0");
+  if (options.busy_timeout.count() < 0) throw config_error("sqlite_store: negative busy_timeout");
+  impl_->options = std::move(options);
+  impl_->borrow();  // open the file now: fail at start-up, not on first use
+}
+
+sqlite_store::~sqlite_store() = default;
+
+std::optional<record> sqlite_store::read(const request_id& id) {
+  auto h = impl_->borrow();
+  const sql_value params[] = {id.scope, id.key};
+  auto rows = run(*h.conn,
+                  std::string("SELECT ") + record_columns +
+                      " FROM orpheus_records WHERE scope = ? AND idem_key = ?",
+                  params);
+  if (rows.empty()) return std::nullopt;
+  return to_record(rows.front());
+}
+
+std::unique_ptr<store_tx> sqlite_store::begin(const request_id&) { return begin_on_shard(0); }
+
+std::unique_ptr<store_tx> sqlite_store::begin_on_shard(std::size_t shard) {
+  if (shard != 0) throw storage_error::fatal("sqlite_store has one shard");
+  return std::make_unique<sqlite_tx>(impl_->borrow());
+}
+
+std::size_t sqlite_store::purge_expired(std::size_t shard, std::size_t limit) {
+  auto t = begin_on_shard(shard);
+  const auto n = t->execute(
+      "DELETE FROM orpheus_records WHERE rowid IN (SELECT rowid FROM orpheus_records "
+      "WHERE state IN (3, 4) AND expires_us < " ORPHEUS_NOW " ORDER BY expires_us LIMIT ?)",
+      static_cast<std::int64_t>(limit));
+  t->commit();
+  return n;
+}
+
+void sqlite_store::migrate() {
+  auto h = impl_->borrow();
+  connection& c = *h.conn;
+  c.exec("BEGIN IMMEDIATE");  // DDL is transactional in SQLite: all or nothing
+  try {
+    c.exec(
+        "CREATE TABLE IF NOT EXISTS orpheus_schema_version (version INTEGER PRIMARY KEY, "
+        "name TEXT NOT NULL, applied_us INTEGER NOT NULL)");
+    const auto have = run(c, "SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version", {});
+    const auto current = int_or_zero(have.at(0).values.at(0));
+    for (const auto& m : detail::sqlite_migrations()) {
+      if (m.version <= current) continue;
+      for (const auto& stmt : detail::split_statements(m.sql)) c.exec(stmt.c_str());
+      const sql_value params[] = {std::int64_t{m.version}, std::string(m.name)};
+      run(c,
+          "INSERT INTO orpheus_schema_version(version, name, applied_us) VALUES (?, ?, " ORPHEUS_NOW
+          ")",
+          params);
+    }
+    c.exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(c.db(), "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+int sqlite_store::schema_version(std::size_t shard) {
+  if (shard != 0) throw storage_error::fatal("sqlite_store has one shard");
+  auto h = impl_->borrow();
+  const auto exists = run(*h.conn,
+                          "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = "
+                          "'orpheus_schema_version'",
+                          {});
+  if (int_or_zero(exists.at(0).values.at(0)) == 0) return 0;
+  const auto v = run(*h.conn, "SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version", {});
+  return static_cast<int>(int_or_zero(v.at(0).values.at(0)));
+}
+
+}  // namespace orpheus

@@ -1,0 +1,622 @@
+// The conformance suite: every backend must pass every test here.
+// Runs on a real SQLite file and on the real MariaDB server of scripts/test.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <barrier>
+#include <mutex>
+#include <thread>
+
+#include "orpheus/manager.hpp"
+#include "support/backends.hpp"
+
+namespace orpheus {
+namespace {
+
+using test::make_store;
+using test::random_hex;
+
+struct payment {
+  std::string id;
+  std::int64_t amount = 0;
+};
+void to_json(nlohmann::json& j, const payment& p) { j = {{"id", p.id}, {"amount", p.amount}}; }
+void from_json(const nlohmann::json& j, payment& p) {
+  j.at("id").get_to(p.id);
+  j.at("amount").get_to(p.amount);
+}
+
+class Conformance : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    store_ = make_store(GetParam());
+    ASSERT_TRUE(store_);
+    for (std::size_t s = 0; s < store_->shard_count(); ++s) {
+      auto t = store_->begin_on_shard(s);
+      t->execute(
+          "CREATE TABLE IF NOT EXISTS test_payments (id VARCHAR(255) PRIMARY KEY, "
+          "amount BIGINT NOT NULL, result VARCHAR(64))");
+      t->commit();
+    }
+    scope_ = "scope-" + random_hex();
+  }
+
+  config short_lease() const {
+    config c;
+    c.lease = 600ms;
+    c.rpc_timeout = 400ms;
+    return c;
+  }
+
+  request_id id(const std::string& key, const std::string& body = "amount=100") const {
+    return {scope_, key, fingerprint_of(body)};
+  }
+
+  // The application's row for a payment, or -1.
+  std::int64_t app_amount(const std::string& payment_id) {
+    auto t = store_->begin_on_shard(0);
+    auto rows = t->query("SELECT amount FROM test_payments WHERE id = ?", payment_id);
+    t->commit();
+    return rows.empty() ? -1 : rows[0].get<std::int64_t>(0);
+  }
+  std::string app_result(const std::string& payment_id) {
+    auto t = store_->begin_on_shard(0);
+    auto rows = t->query("SELECT result FROM test_payments WHERE id = ?", payment_id);
+    t->commit();
+    return rows.empty() || rows[0].is_null(0) ? "" : rows[0].get<std::string>(0);
+  }
+
+  // A payments handler: Pre-RPC records the payment, the RPC "charges" (a
+  // counter stands in for the bank), Post-RPC records the result.
+  struct counters {
+    std::atomic<int> pre{0}, rpc{0}, post{0};
+    std::vector<bool> retries;
+    std::mutex m;
+  };
+
+  response pay(manager& m, const request_id& rid, counters& c,
+               const std::function<std::string(const attempt&, const payment&)>& rpc = {},
+               const process_options& opts = {}) {
+    const std::string pid = rid.scope + "/" + rid.key;
+    return m.process(
+        rid,
+        [&](tx& t) {
+          ++c.pre;
+          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", pid, 100);
+          return payment{pid, 100};
+        },
+        [&](const attempt& a, const payment& p) -> std::string {
+          ++c.rpc;
+          {
+            std::lock_guard lock(c.m);
+            c.retries.push_back(a.is_retry());
+          }
+          if (rpc) return rpc(a, p);
+          return "ch_" + a.downstream_key("charge");
+        },
+        [&](tx& t, const attempt&, const outcome<std::string>& o) {
+          ++c.post;
+          if (!o.ok()) {
+            t.execute("UPDATE test_payments SET result = ? WHERE id = ?", o.error().code, pid);
+            return problem_response(o.error());
+          }
+          t.execute("UPDATE test_payments SET result = ? WHERE id = ?", "charged", pid);
+          return response{201,
+                          {{"Content-Type", "application/json"}, {"X-Charge", o.value()}},
+                          nlohmann::json{{"charge", o.value()}, {"payment", pid}}.dump()};
+        },
+        opts);
+  }
+
+  std::unique_ptr<store> store_;
+  std::string scope_;
+};
+
+TEST_P(Conformance, NewKeyRunsEachPhaseOnceAndRecordsTheResponse) {
+  manager m(*store_);
+  counters c;
+  const auto r = pay(m, id("k1"), c);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(c.pre, 1);
+  EXPECT_EQ(c.rpc, 1);
+  EXPECT_EQ(c.post, 1);
+  EXPECT_EQ(c.retries, std::vector<bool>{false});
+  const auto rec = store_->read(id("k1"));
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, record_state::succeeded);
+  EXPECT_EQ(rec->attempts, 1);
+  EXPECT_TRUE(rec->lease_owner.empty());
+  EXPECT_EQ(rec->recorded, r);
+  EXPECT_GT(rec->expires_us, rec->db_now_us);
+  EXPECT_EQ(app_amount(scope_ + "/k1"), 100);
+  EXPECT_EQ(app_result(scope_ + "/k1"), "charged");
+}
+
+TEST_P(Conformance, ReplayIsByteIdenticalAndFlagged) {
+  manager m(*store_);
+  counters c;
+  const auto first = pay(m, id("k1"), c);
+  const auto again = pay(m, id("k1"), c);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.status, first.status);
+  EXPECT_EQ(again.headers, first.headers);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(c.pre, 1);
+  EXPECT_EQ(c.rpc, 1);
+  EXPECT_EQ(c.post, 1);
+}
+
+TEST_P(Conformance, BinaryBodiesAndRepeatedHeadersReplayExactly) {
+  manager m(*store_);
+  const std::string body("\x00\x01\xfe\xff{\"a\":1}\r\n", 12);
+  auto run = [&] {
+    return m.process(
+        id("bin"), [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+        [&](tx&, const attempt&, const outcome<int>&) {
+          return response{
+              200, {{"Set-Cookie", "a=1"}, {"Set-Cookie", "b=2"}, {"X-Empty", ""}}, body};
+        });
+  };
+  const auto first = run();
+  const auto second = run();
+  EXPECT_TRUE(second.replayed);
+  EXPECT_EQ(second.body, body);
+  EXPECT_EQ(second.headers, first.headers);
+}
+
+TEST_P(Conformance, FingerprintMismatchIsRejectedAndChangesNothing) {
+  manager m(*store_);
+  counters c;
+  pay(m, id("k1", "amount=100"), c);
+  const auto before = store_->read(id("k1"));
+  try {
+    pay(m, id("k1", "amount=999"), c);
+    ADD_FAILURE() << "a key re-used with another payload was accepted";
+  } catch (const error& e) {
+    EXPECT_EQ(e.http_status(), 422);
+    EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
+    EXPECT_FALSE(e.retryable());
+  }
+  const auto after = store_->read(id("k1"));
+  ASSERT_TRUE(before && after);
+  EXPECT_EQ(after->state, before->state);
+  EXPECT_EQ(after->recorded, before->recorded);
+  EXPECT_EQ(after->updated_us, before->updated_us);
+  EXPECT_EQ(c.pre, 1);
+  EXPECT_EQ(c.rpc, 1);
+}
+
+TEST_P(Conformance, FingerprintMismatchWhileInProgressIsRejectedToo) {
+  manager m(*store_, short_lease());
+  counters c;
+  pay(m, id("k1"), c, [&](const attempt&, const payment&) {
+    counters inner;
+    EXPECT_THROW(pay(m, id("k1", "amount=5"), inner), error);
+    EXPECT_EQ(inner.pre, 0);
+    return std::string("ok");
+  });
+}
+
+TEST_P(Conformance, LiveLeaseIsRejectedWithTheTimeLeft) {
+  config cfg;
+  cfg.lease = 20s;
+  cfg.rpc_timeout = 10s;
+  manager m(*store_, cfg);
+  counters c;
+  pay(m, id("k1"), c, [&](const attempt&, const payment&) {
+    counters inner;
+    try {
+      pay(m, id("k1"), inner);
+      ADD_FAILURE() << "a second attempt ran while the first held the lease";
+    } catch (const error& e) {
+      EXPECT_EQ(e.http_status(), 409);
+      EXPECT_EQ(e.code(), codes::in_progress);
+      EXPECT_TRUE(e.retryable());
+      EXPECT_LE(e.retry_after().value_or(0ms), 20s);
+      EXPECT_GT(e.retry_after().value_or(0ms), 15s);
+    }
+    EXPECT_EQ(inner.pre + inner.rpc + inner.post, 0);
+    return std::string("ok");
+  });
+  EXPECT_EQ(c.rpc, 1);
+}
+
+// What a crashed attempt leaves behind: a record with a lease and a stored
+// Pre-RPC result, and nobody to finish it.
+void leave_crashed_attempt(store& s, const request_id& rid, const std::string& pre_json,
+                           std::int64_t lease_us) {
+  auto t = s.begin(rid);
+  ASSERT_TRUE(
+      t->insert(rid, "deadbeefdeadbeefdeadbeefdeadbeef", {lease_us, 3'600'000'000, 3'600'000'000}));
+  ASSERT_TRUE(t->save_pre_state(rid, "deadbeefdeadbeefdeadbeefdeadbeef", pre_json));
+  t->commit();
+}
+
+TEST_P(Conformance, ExpiredLeaseIsTakenOverAsARetryWithoutASecondPreRpc) {
+  manager m(*store_, short_lease());
+  const auto rid = id("k1");
+  leave_crashed_attempt(*store_, rid, R"({"id":"from-crashed-attempt","amount":100})", 1000);
+  std::this_thread::sleep_for(50ms);
+  counters c;
+  std::string seen_payment;
+  int seen_number = 0;
+  const auto r = pay(m, rid, c, [&](const attempt& a, const payment& p) {
+    seen_payment = p.id;
+    seen_number = a.number();
+    return std::string("ch");
+  });
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(c.pre, 0) << "Pre-RPC must not run again for a key";
+  EXPECT_EQ(c.retries, std::vector<bool>{true});
+  EXPECT_EQ(seen_payment, "from-crashed-attempt");
+  EXPECT_EQ(seen_number, 2);
+  EXPECT_EQ(store_->read(rid)->attempts, 2);
+}
+
+TEST_P(Conformance, AnAttemptThatLostItsLeaseCannotRecord) {
+  manager m(*store_, short_lease());
+  const auto rid = id("k1");
+  counters a;
+  counters b;
+  std::optional<response> b_answer;
+  try {
+    pay(m, rid, a, [&](const attempt&, const payment&) {
+      // Attempt A stalls past its lease; attempt B takes over and finishes.
+      std::this_thread::sleep_for(800ms);
+      b_answer = pay(m, rid, b, [](const attempt& at, const payment&) {
+        EXPECT_TRUE(at.is_retry());
+        return std::string("from-b");
+      });
+      return std::string("from-a");
+    });
+    ADD_FAILURE() << "attempt A recorded after losing its lease";
+  } catch (const error& e) {
+    EXPECT_EQ(e.http_status(), 409);
+    EXPECT_EQ(e.code(), codes::lease_lost);
+    EXPECT_TRUE(e.retryable());
+  }
+  ASSERT_TRUE(b_answer);
+  const auto rec = store_->read(rid);
+  EXPECT_EQ(rec->state, record_state::succeeded);
+  EXPECT_EQ(rec->recorded, *b_answer);
+  EXPECT_NE(rec->recorded.body.find("from-b"), std::string::npos);
+  EXPECT_EQ(a.post, 1);  // A's Post-RPC ran, and was rolled back
+  EXPECT_EQ(b.pre, 0);
+}
+
+TEST_P(Conformance, RetryableOutcomeReleasesTheLeaseAndLeavesTheKeyRetryable) {
+  manager m(*store_);
+  const auto rid = id("k1");
+  counters c;
+  try {
+    pay(m, rid, c, [](const attempt&, const payment&) -> std::string {
+      throw retryable_error("gateway_timeout", "bank did not answer", 504);
+    });
+    ADD_FAILURE() << "a retryable outcome was not reported";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_EQ(e.http_status(), 504);
+    EXPECT_EQ(e.code(), "gateway_timeout");
+  }
+  auto rec = store_->read(rid);
+  EXPECT_EQ(rec->state, record_state::retryable);
+  EXPECT_TRUE(rec->lease_owner.empty());
+  EXPECT_NE(rec->last_error.find("gateway_timeout"), std::string::npos);
+  EXPECT_EQ(app_result(rid.scope + "/k1"), "gateway_timeout");  // Post-RPC ran
+
+  const auto r = pay(m, rid, c);  // the retry: no waiting for a lease
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(c.pre, 1);
+  EXPECT_EQ(c.retries, (std::vector<bool>{false, true}));
+  EXPECT_EQ(store_->read(rid)->state, record_state::succeeded);
+}
+
+TEST_P(Conformance, NonRetryableOutcomeIsRecordedAndReplayed) {
+  manager m(*store_);
+  const auto rid = id("k1");
+  counters c;
+  auto decline = [](const attempt&, const payment&) -> std::string {
+    throw non_retryable_error("card_declined", "insufficient funds", 402);
+  };
+  const auto first = pay(m, rid, c, decline);
+  EXPECT_EQ(first.status, 402);
+  EXPECT_FALSE(first.replayed);
+  EXPECT_EQ(nlohmann::json::parse(first.body)["retryable"], false);
+  const auto again = pay(m, rid, c, decline);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(c.rpc, 1);
+  const auto rec = store_->read(rid);
+  EXPECT_EQ(rec->state, record_state::failed);
+  EXPECT_NE(rec->last_error.find("card_declined"), std::string::npos);
+}
+
+TEST_P(Conformance, UnclassifiedExceptionsAreNonRetryableByDefault) {
+  manager m(*store_);
+  counters c;
+  const auto r = pay(m, id("k1"), c, [](const attempt&, const payment&) -> std::string {
+    throw std::runtime_error("bug in the RPC");
+  });
+  EXPECT_EQ(r.status, 500);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::unclassified);
+  EXPECT_EQ(store_->read(id("k1"))->state, record_state::failed);
+}
+
+TEST_P(Conformance, UnclassifiedExceptionsCanBeConfiguredRetryable) {
+  config cfg;
+  cfg.unclassified = unclassified_policy::retryable;
+  manager m(*store_, cfg);
+  counters c;
+  EXPECT_THROW(
+      pay(m, id("k1"), c,
+          [](const attempt&, const payment&) -> std::string { throw std::runtime_error("flaky"); }),
+      error);
+  EXPECT_EQ(store_->read(id("k1"))->state, record_state::retryable);
+}
+
+TEST_P(Conformance, AttemptCapGivesARecordedTerminalFailure) {
+  config cfg;
+  cfg.max_attempts = 2;
+  manager m(*store_, cfg);
+  const auto rid = id("k1");
+  counters c;
+  auto flaky = [](const attempt&, const payment&) -> std::string {
+    throw retryable_error("bank_unavailable", "503 from bank");
+  };
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  const auto r = pay(m, rid, c, flaky);
+  EXPECT_EQ(r.status, 500);
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::attempts_exhausted);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["retryable"], false);
+  EXPECT_EQ(c.rpc, 2);
+  const auto again = pay(m, rid, c, flaky);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again, r);
+  EXPECT_EQ(store_->read(rid)->state, record_state::failed);
+}
+
+TEST_P(Conformance, RetryWindowGivesARecordedTerminalFailure) {
+  config cfg = short_lease();
+  cfg.retry_window = 300ms;
+  manager m(*store_, cfg);
+  const auto rid = id("k1");
+  counters c;
+  EXPECT_THROW(pay(m, rid, c,
+                   [](const attempt&, const payment&) -> std::string {
+                     throw retryable_error("bank_unavailable", "503");
+                   }),
+               error);
+  std::this_thread::sleep_for(400ms);
+  const auto r = pay(m, rid, c);
+  EXPECT_EQ(r.status, 500);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::retry_window_exhausted);
+  EXPECT_EQ(c.rpc, 1);
+  EXPECT_EQ(store_->read(rid)->state, record_state::failed);
+}
+
+TEST_P(Conformance, ThrowingPreRpcRollsBackItsWritesAndTheLeaseRow) {
+  manager m(*store_);
+  const auto rid = id("k1");
+  try {
+    m.process(
+        rid,
+        [&](tx& t) -> int {
+          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", "pre-" + scope_, 5);
+          throw non_retryable_error("invalid_amount", "amount must be positive", 400);
+        },
+        [](const attempt&, int) { return 1; },
+        [](tx&, const attempt&, const outcome<int>&) { return response{}; });
+    ADD_FAILURE() << "the Pre-RPC error was swallowed";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), "invalid_amount");
+    EXPECT_EQ(e.http_status(), 400);
+    EXPECT_FALSE(e.retryable());
+  }
+  EXPECT_FALSE(store_->read(rid)) << "nothing may be recorded for a failed Pre-RPC";
+  EXPECT_EQ(app_amount("pre-" + scope_), -1);
+}
+
+TEST_P(Conformance, ThrowingPostRpcRollsBackItsWritesAndLeavesTheKeyRetryable) {
+  manager m(*store_);
+  const auto rid = id("k1");
+  int rpc_calls = 0;
+  auto run = [&](bool post_throws) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt& a, int) {
+          ++rpc_calls;
+          return a.is_retry();
+        },
+        [&](tx& t, const attempt&, const outcome<bool>&) {
+          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", "post-" + scope_, 7);
+          if (post_throws) throw std::runtime_error("disk full in the app");
+          return response{200, {}, "done"};
+        });
+  };
+  try {
+    run(true);
+    ADD_FAILURE() << "the Post-RPC error was swallowed";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::post_rpc_failed);
+    EXPECT_TRUE(e.retryable()) << "the RPC ran: never 'nothing happened'";
+  }
+  EXPECT_EQ(app_amount("post-" + scope_), -1);
+  EXPECT_EQ(store_->read(rid)->state, record_state::retryable);
+  EXPECT_EQ(run(false).body, "done");
+  EXPECT_EQ(rpc_calls, 2);
+  EXPECT_EQ(app_amount("post-" + scope_), 7);
+}
+
+TEST_P(Conformance, OneKeyInTwoScopesIsTwoRequests) {
+  manager m(*store_);
+  counters c;
+  const request_id a{"client-a/" + scope_, "same-key", fingerprint_of("x")};
+  const request_id b{"client-b/" + scope_, "same-key", fingerprint_of("y")};
+  const auto ra = pay(m, a, c);
+  const auto rb = pay(m, b, c);
+  EXPECT_FALSE(rb.replayed);
+  EXPECT_NE(ra.body, rb.body);
+  EXPECT_EQ(c.rpc, 2);
+  EXPECT_EQ(pay(m, a, c).body, ra.body);
+  EXPECT_EQ(pay(m, b, c).body, rb.body);
+}
+
+TEST_P(Conformance, RetentionPurgeDeletesExpiredRecordsInBoundedBatches) {
+  config cfg;
+  cfg.retention = 50ms;
+  manager m(*store_, cfg);
+  while (m.purge_expired(1000) > 0) {
+  }
+  counters c;
+  for (int i = 0; i < 5; ++i) pay(m, id("p" + std::to_string(i)), c);
+  // A live one and a retryable one are never purged.
+  manager keep(*store_);
+  EXPECT_THROW(
+      pay(keep, id("retryable"), c,
+          [](const attempt&, const payment&) -> std::string { throw retryable_error("x", "y"); }),
+      error);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(m.purge_expired(2), 2U);
+  EXPECT_EQ(m.purge_expired(2), 2U);
+  EXPECT_EQ(m.purge_expired(2), 1U);
+  EXPECT_EQ(m.purge_expired(2), 0U);
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(store_->read(id("p" + std::to_string(i))));
+  EXPECT_TRUE(store_->read(id("retryable")));
+}
+
+TEST_P(Conformance, WaitOptionAnswersWithTheOtherAttemptsRecordedResponse) {
+  manager m(*store_, short_lease());
+  const auto rid = id("k1");
+  counters first;
+  std::atomic<bool> in_rpc{false};
+  std::thread t([&] {
+    pay(m, rid, first, [&](const attempt&, const payment&) {
+      in_rpc = true;
+      std::this_thread::sleep_for(300ms);
+      return std::string("slow");
+    });
+  });
+  while (!in_rpc) std::this_thread::sleep_for(1ms);
+  counters second;
+  const auto r = pay(m, rid, second, {}, process_options{5s});
+  t.join();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_NE(r.body.find("slow"), std::string::npos);
+  EXPECT_EQ(second.pre + second.rpc + second.post, 0);
+}
+
+TEST_P(Conformance, WaitOptionIsBounded) {
+  config cfg;
+  cfg.lease = 20s;
+  cfg.rpc_timeout = 10s;
+  manager m(*store_, cfg);
+  const auto rid = id("k1");
+  counters c;
+  pay(m, rid, c, [&](const attempt&, const payment&) {
+    counters inner;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pay(m, rid, inner, {}, process_options{200ms});
+      ADD_FAILURE() << "waited for a lease that was still held";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), codes::in_progress);
+    }
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 200ms);
+    return std::string("ok");
+  });
+}
+
+TEST_P(Conformance, BadInputIsRejectedBeforeAnyDatabaseWork) {
+  manager m(*store_);
+  counters c;
+  const std::vector<request_id> bad = {
+      {scope_, "", fingerprint_of("x")},
+      {scope_, std::string(256, 'k'), fingerprint_of("x")},
+      {scope_, "bad\nkey", fingerprint_of("x")},
+      {std::string(256, 's'), "k", fingerprint_of("x")},
+      {scope_, "k", "not-a-sha256"},
+  };
+  for (const auto& rid : bad) {
+    try {
+      pay(m, rid, c);
+      ADD_FAILURE() << "accepted bad input";
+    } catch (const bad_input_error& e) {
+      EXPECT_EQ(e.http_status(), 400);
+      EXPECT_FALSE(e.retryable());
+    }
+  }
+  EXPECT_EQ(c.pre + c.rpc + c.post, 0);
+  EXPECT_FALSE(store_->read({scope_, "k", fingerprint_of("x")}));
+}
+
+TEST_P(Conformance, ConfigurationWithRpcTimeoutNotShorterThanTheLeaseIsRefused) {
+  config cfg;
+  cfg.lease = 5s;
+  cfg.rpc_timeout = 5s;
+  EXPECT_THROW(manager(*store_, cfg), config_error);
+}
+
+TEST_P(Conformance, ThirtyTwoThreadsOnOneKeyChargeOnce) {
+  for (const bool wait : {false, true}) {
+    manager m(*store_);
+    const auto rid = id(wait ? "race-wait" : "race");
+    counters c;
+    constexpr int threads = 32;
+    std::barrier start(threads);
+    std::vector<std::optional<response>> answers(threads);
+    std::vector<std::string> errors(threads);
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) {
+      pool.emplace_back([&, i] {
+        start.arrive_and_wait();
+        try {
+          answers[i] = pay(
+              m, rid, c,
+              [](const attempt& a, const payment&) {
+                std::this_thread::sleep_for(50ms);  // a bank call takes a while
+                return "ch_" + a.downstream_key("charge");
+              },
+              process_options{wait ? 10s : 0ms});
+        } catch (const error& e) {
+          errors[i] = e.code();
+          EXPECT_TRUE(e.retryable()) << e.what();
+        }
+      });
+    }
+    for (auto& t : pool) t.join();
+    EXPECT_EQ(c.rpc, 1) << "the charge ran more than once";
+    EXPECT_EQ(c.pre, 1);
+    const auto rec = store_->read(rid);
+    ASSERT_TRUE(rec);
+    ASSERT_EQ(rec->state, record_state::succeeded);
+    int answered = 0;
+    for (int i = 0; i < threads; ++i) {
+      if (answers[i]) {
+        ++answered;
+        EXPECT_EQ(*answers[i], rec->recorded);
+      } else {
+        EXPECT_FALSE(wait) << "with wait every caller gets the response: " << errors[i];
+        EXPECT_EQ(errors[i], codes::in_progress);
+      }
+    }
+    EXPECT_GE(answered, 1);
+    if (wait) {
+      EXPECT_EQ(answered, threads);
+    }
+  }
+}
+
+TEST_P(Conformance, SchemaMigrationIsRecordedAndIdempotent) {
+  EXPECT_GE(store_->schema_version(0), 1);
+  EXPECT_NO_THROW(store_->migrate());
+  EXPECT_GE(store_->schema_version(0), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, testing::Values("sqlite", "mysql"),
+                         test::backend_name);
+
+}  // namespace
+}  // namespace orpheus

@@ -1,0 +1,69 @@
+// Test backends: a real SQLite file or the real MariaDB servers that
+// scripts/test starts (URLs in ORPHEUS_TEST_MYSQL, comma separated). A MySQL
+// test without a server FAILS: a skipped test is not a pass.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <openssl/rand.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "orpheus/store/mysql.hpp"
+#include "orpheus/store/sqlite.hpp"
+
+namespace orpheus::test {
+
+inline std::string random_hex(std::size_t bytes = 8) {
+  std::vector<unsigned char> b(bytes);
+  RAND_bytes(b.data(), static_cast<int>(b.size()));
+  static constexpr char d[] = "0123456789abcdef";
+  std::string out;
+  for (auto c : b) {
+    out += d[c >> 4];
+    out += d[c & 0xF];
+  }
+  return out;
+}
+
+inline std::vector<std::string> mysql_urls() {
+  const char* env = std::getenv("ORPHEUS_TEST_MYSQL");
+  std::vector<std::string> out;
+  if (env == nullptr) return out;
+  std::stringstream ss(env);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+/// A store of the named kind: "sqlite" (a fresh file) or "mysql" (the first
+/// test server, or the first `shards` servers). Migrated, ready to use.
+inline std::unique_ptr<store> make_store(const std::string& kind, std::size_t shards = 1) {
+  if (kind == "sqlite") {
+    auto dir = std::filesystem::temp_directory_path() / ("orpheus-test-" + random_hex());
+    std::filesystem::create_directories(dir);
+    auto s = std::make_unique<sqlite_store>(sqlite_options{(dir / "orpheus.db").string()});
+    s->migrate();
+    return s;
+  }
+  const auto urls = mysql_urls();
+  if (urls.size() < shards) {
+    ADD_FAILURE() << "ORPHEUS_TEST_MYSQL must list at least " << shards
+                  << " MariaDB URL(s); run the suite with scripts/test";
+    return nullptr;
+  }
+  mysql_options o;
+  for (std::size_t i = 0; i < shards; ++i) o.shards.push_back(parse_mysql_url(urls[i]));
+  auto s = std::make_unique<mysql_store>(o);
+  s->migrate();
+  return s;
+}
+
+inline std::string backend_name(const testing::TestParamInfo<std::string>& p) { return p.param; }
+
+}  // namespace orpheus::test
