@@ -1,0 +1,38 @@
+# Shared by scripts/test and scripts/demo. Sourced, not run.
+# shellcheck shell=bash
+
+ORPHEUS_PACKAGES=(build-essential cmake pkg-config libboost-dev libmysqlcppconn-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev libssl-dev
+  mariadb-server mariadb-client)
+
+# Installs the Debian packages the project needs, if any is missing.
+install_packages() {
+  local missing=()
+  for p in "${ORPHEUS_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "== installing: ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages and not root: apt-get install ${missing[*]}" >&2
+    return 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# A free TCP port on loopback at or above $1.
+free_port() {
+  local port=$1
+  while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+  echo "$port"
+}
+
+# cmake configure + build into $1 with extra cmake args.
+build_tree() {
+  local dir=$1
+  shift
+  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j "$(nproc)"
+}

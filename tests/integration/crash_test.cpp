@@ -1,0 +1,121 @@
+// Kills a real payment process with SIGKILL at each point of a request, then
+// retries from a new process, on SQLite and on MariaDB: the payment is
+// recorded once and the bank charged once, whatever the crash point.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "support/backends.hpp"
+#include "support/process.hpp"
+
+namespace orpheus {
+namespace {
+
+struct crash_case {
+  std::string backend;
+  std::string point;
+};
+
+std::string case_name(const testing::TestParamInfo<crash_case>& p) {
+  return p.param.backend + "_" + p.param.point;
+}
+
+class Crash : public testing::TestWithParam<crash_case> {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("orpheus-crash-" + test::random_hex());
+    std::filesystem::create_directories(dir_);
+    if (GetParam().backend == "sqlite") {
+      store_arg_ = "sqlite:" + (dir_ / "orpheus.db").string();
+    } else {
+      const auto urls = test::mysql_urls();
+      ASSERT_FALSE(urls.empty()) << "ORPHEUS_TEST_MYSQL is not set; run scripts/test";
+      store_arg_ = urls[0];
+    }
+    ledger_ = (dir_ / "bank-ledger").string();
+    scope_ = "crash-" + test::random_hex();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::vector<std::string> args(const std::string& crash_at) const {
+    return {ORPHEUS_BINARY_DIR "/tests/orpheus_crash_child",
+            store_arg_,
+            scope_,
+            "key-1",
+            ledger_,
+            crash_at};
+  }
+
+  int charges() const {
+    std::ifstream in(ledger_);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += line.empty() ? 0 : 1;
+    return n;
+  }
+
+  std::filesystem::path dir_;
+  std::string store_arg_, ledger_, scope_;
+};
+
+TEST_P(Crash, KilledProcessIsRetriedToExactlyOneCharge) {
+  const std::string point = GetParam().point;
+  {
+    test::child_process doomed(args(point));
+    const auto line = doomed.read_line(std::chrono::seconds(30));
+    ASSERT_EQ(line.value_or("<nothing>"), "AT " + point);
+    doomed.kill_hard();
+  }
+  const int charged_before_retry = charges();
+
+  // The client retries with the same key until it gets an answer: 409 while
+  // the dead process's lease is live, then a take-over (or a replay).
+  std::string final_line;
+  for (int i = 0; i < 40; ++i) {
+    test::child_process retry(args("none"));
+    const auto line = retry.read_line(std::chrono::seconds(30)).value_or("<nothing>");
+    const int rc = retry.wait();
+    if (rc == 0) {
+      final_line = line;
+      break;
+    }
+    ASSERT_EQ(rc, 3) << line;
+    ASSERT_NE(line.find("RETRYABLE 1"), std::string::npos) << line;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_FALSE(final_line.empty()) << "the retry never got an answer";
+  EXPECT_EQ(charges(), 1) << "the bank was charged " << charges() << " times";
+
+  if (point == "before_charge") {
+    EXPECT_EQ(charged_before_retry, 0);
+    EXPECT_EQ(final_line, "STATUS 201 REPLAYED 0 RETRY 1");
+  } else if (point == "after_commit") {
+    EXPECT_EQ(final_line, "STATUS 201 REPLAYED 1 RETRY 0");
+  } else {  // charged, not recorded: the retry asks the bank and records once
+    EXPECT_EQ(charged_before_retry, 1);
+    EXPECT_EQ(final_line, "STATUS 201 REPLAYED 0 RETRY 1");
+  }
+
+  // And one more retry is a replay.
+  test::child_process again(args("none"));
+  EXPECT_EQ(again.read_line(std::chrono::seconds(30)).value_or(""),
+            "STATUS 201 REPLAYED 1 RETRY 0");
+  EXPECT_EQ(again.wait(), 0);
+  EXPECT_EQ(charges(), 1);
+}
+
+std::vector<crash_case> all_cases() {
+  std::vector<crash_case> out;
+  for (const char* b : {"sqlite", "mysql"}) {
+    for (const char* p : {"before_charge", "after_charge", "in_post", "after_commit"}) {
+      out.push_back({b, p});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Points, Crash, testing::ValuesIn(all_cases()), case_name);
+
+}  // namespace
+}  // namespace orpheus
