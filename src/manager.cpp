@@ -26,7 +26,7 @@ lease_terms terms_of(const config& c) {
 std::string new_owner_token() {
   std::array<unsigned char, 16> bytes{};
   if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
-    throw storage_error::retryable("no randomness for a lease token");
+    throw storage_error::transient("no randomness for a lease token");
   }
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;
@@ -170,7 +170,7 @@ response manager::run(const request_id& id, const detail::phases& p,
             throw error(classify(std::current_exception(), config_.unclassified));
           }
           if (!t->save_pre_state(id, owner, pre.dump())) {
-            throw storage_error::fatal(
+            throw storage_error::permanent(
                 "lease row vanished inside its own "
                 "transaction");
           }

@@ -119,12 +119,14 @@ class config_error : public non_retryable_error {
 class storage_error : public error {
  public:
   using error::error;
-  static storage_error retryable(std::string message, bool in_doubt = false) {
+  /// A retryable failure; `in_doubt` when a COMMIT got no answer.
+  static storage_error transient(std::string message, bool in_doubt = false) {
     return storage_error(
         error_info{503, std::string(in_doubt ? codes::commit_in_doubt : codes::storage_unavailable),
                    std::move(message), true, in_doubt, std::chrono::milliseconds(1000)});
   }
-  static storage_error fatal(std::string message) {
+  /// A failure that retrying will not fix (bad SQL, missing table).
+  static storage_error permanent(std::string message) {
     return storage_error(
         error_info{500, "storage_error", std::move(message), false, false, std::nullopt});
   }

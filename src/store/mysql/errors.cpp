@@ -58,14 +58,14 @@ storage_error classify(const sql::SQLException& e, std::string_view what, bool i
       .append(e.what());
   // COMMIT that got no answer: it may or may not have landed.
   if (in_commit && (connection_broken(code) || code == 0)) {
-    return storage_error::retryable(std::move(msg), /*in_doubt=*/true);
+    return storage_error::transient(std::move(msg), /*in_doubt=*/true);
   }
-  if (permanent(code)) return storage_error::fatal(std::move(msg));
+  if (permanent(code)) return storage_error::permanent(std::move(msg));
   // Deadlock (1213), lock wait timeout (1205), statement timeout (1969,
   // 3024), KILL QUERY (1317), too many connections (1040, 1203), lost or
   // refused connections, read-only server (1290, 1836): nothing happened in
   // this transaction, or the server rolled it back. Retrying is safe.
-  return storage_error::retryable(std::move(msg));
+  return storage_error::transient(std::move(msg));
 }
 
 }  // namespace orpheus::mysql_detail

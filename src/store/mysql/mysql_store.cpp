@@ -8,8 +8,10 @@
 #include <cppconn/resultset_metadata.h>
 #include <cppconn/statement.h>
 
+#include <atomic>
 #include <charconv>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -75,6 +77,16 @@ class connection {
   steady::time_point last_used() const { return last_used_; }
   void touch() { last_used_ = steady::now(); }
 
+  /// Runs a statement without parameters or results (COMMIT, ROLLBACK).
+  /// Never use sql::Connection::commit()/rollback(): connector 1.1.12 returns
+  /// from commit() without an error when the connection is already dead, so
+  /// a COMMIT that never ran would look like success. A plain statement
+  /// reports the lost connection (2013), which makes the commit in doubt.
+  void exec(const char* sql) {
+    if (!plain_) plain_.reset(conn_->createStatement());
+    plain_->execute(sql);
+  }
+
   sql::PreparedStatement& prepare(std::string_view sql) {
     auto it = cache_.find(std::string(sql));
     if (it != cache_.end()) return *it->second;
@@ -88,6 +100,7 @@ class connection {
   std::unique_ptr<sql::Connection> conn_;
   // Declared after conn_: statements are closed before their connection.
   std::unordered_map<std::string, std::unique_ptr<sql::PreparedStatement>> cache_;
+  std::unique_ptr<sql::Statement> plain_;
   std::uint64_t generation_;
   steady::time_point last_used_;
 };
@@ -95,8 +108,11 @@ class connection {
 /// A bounded pool for one shard and one autocommit mode.
 class pool {
  public:
-  pool(mysql_shard shard, const mysql_options& o, bool autocommit)
-      : shard_(std::move(shard)), options_(o), autocommit_(autocommit) {}
+  /// `epoch` is shared by the pools of one shard: a broken connection in
+  /// either makes every idle connection of the shard suspect (pinged first).
+  pool(mysql_shard shard, const mysql_options& o, bool autocommit,
+       std::atomic<std::uint64_t>& epoch)
+      : shard_(std::move(shard)), options_(o), autocommit_(autocommit), generation_(epoch) {}
 
   std::unique_ptr<connection> borrow() {
     std::unique_lock lock(mutex_);
@@ -105,16 +121,16 @@ class pool {
         return !idle_.empty() || open_ < options_.max_connections_per_shard;
       });
       if (!ready) {
-        throw storage_error::retryable("mysql: no free connection to " + shard_.host + ":" +
+        throw storage_error::transient("mysql: no free connection to " + shard_.host + ":" +
                                        std::to_string(shard_.port) + " within pool_wait");
       }
       if (idle_.empty()) break;
       auto c = std::move(idle_.back());
       idle_.pop_back();
-      const bool suspect = c->generation() != generation_ ||
+      const bool suspect = c->generation() != generation_.load() ||
                            steady::now() - c->last_used() > options_.ping_after_idle;
       if (!suspect) return c;
-      const auto gen = generation_;
+      const std::uint64_t gen = generation_.load();
       lock.unlock();
       bool ok = false;
       try {
@@ -130,7 +146,7 @@ class pool {
       --open_;  // dead: drop it and look again
     }
     ++open_;
-    const auto gen = generation_;
+    const std::uint64_t gen = generation_.load();
     lock.unlock();
     try {
       return std::make_unique<connection>(shard_, options_, autocommit_, gen);
@@ -177,7 +193,7 @@ class pool {
   std::condition_variable available_;
   std::vector<std::unique_ptr<connection>> idle_;
   std::size_t open_ = 0;
-  std::uint64_t generation_ = 0;
+  std::atomic<std::uint64_t>& generation_;
 };
 
 /// A borrowed connection, returned on destruction (discarded if broken).
@@ -330,6 +346,7 @@ struct mysql_store::impl {
   // on, so a read leaves no transaction open behind it).
   std::vector<std::unique_ptr<pool>> tx_pools;
   std::vector<std::unique_ptr<pool>> read_pools;
+  std::deque<std::atomic<std::uint64_t>> epochs;  // one per shard; deque: stable addresses
 };
 
 namespace {
@@ -405,14 +422,14 @@ class mysql_tx final : public store_tx {
   void commit() override {
     done_ = true;
     conn_.guarded(
-        "commit", [](connection& c) { c.raw().commit(); }, /*in_commit=*/true);
+        "commit", [](connection& c) { c.exec("COMMIT"); }, /*in_commit=*/true);
   }
 
   void rollback() noexcept override {
     if (done_) return;
     done_ = true;
     try {
-      conn_->raw().rollback();
+      conn_->exec("ROLLBACK");
     } catch (...) {
       conn_.mark_broken();  // state unknown: never hand this connection out again
     }
@@ -495,8 +512,9 @@ mysql_store::mysql_store(mysql_options options) : impl_(std::make_unique<impl>()
   driver();
   impl_->options = std::move(options);
   for (const auto& s : impl_->options.shards) {
-    impl_->tx_pools.push_back(std::make_unique<pool>(s, impl_->options, false));
-    impl_->read_pools.push_back(std::make_unique<pool>(s, impl_->options, true));
+    auto& epoch = impl_->epochs.emplace_back(0);
+    impl_->tx_pools.push_back(std::make_unique<pool>(s, impl_->options, false, epoch));
+    impl_->read_pools.push_back(std::make_unique<pool>(s, impl_->options, true, epoch));
   }
 }
 
@@ -531,7 +549,7 @@ std::unique_ptr<store_tx> mysql_store::begin(const request_id& id) {
 }
 
 std::unique_ptr<store_tx> mysql_store::begin_on_shard(std::size_t shard) {
-  if (shard >= shard_count()) throw storage_error::fatal("mysql_store: no such shard");
+  if (shard >= shard_count()) throw storage_error::permanent("mysql_store: no such shard");
   return std::make_unique<mysql_tx>(*impl_->tx_pools[shard], shard);
 }
 
@@ -555,7 +573,7 @@ void mysql_store::migrate() {
       std::unique_ptr<sql::ResultSet> got(
           st->executeQuery("SELECT GET_LOCK('orpheus_migrate', 60)"));
       if (!got->next() || got->getInt(1) != 1) {
-        throw storage_error::retryable("mysql: another process is migrating");
+        throw storage_error::transient("mysql: another process is migrating");
       }
       got.reset();
       try {

@@ -38,10 +38,10 @@ constexpr const char* record_columns =
     case SQLITE_CANTOPEN:
     case SQLITE_PROTOCOL:
     case SQLITE_NOMEM:
-      throw storage_error::retryable(std::move(msg), in_commit);
+      throw storage_error::transient(std::move(msg), in_commit);
     default:
-      if (in_commit) throw storage_error::retryable(std::move(msg), true);
-      throw storage_error::fatal(std::move(msg));
+      if (in_commit) throw storage_error::transient(std::move(msg), true);
+      throw storage_error::permanent(std::move(msg));
   }
 }
 
@@ -55,7 +55,7 @@ class connection {
       std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
       sqlite3_close(db_);
       db_ = nullptr;
-      throw storage_error::retryable("sqlite: cannot open " + o.path + ": " + msg);
+      throw storage_error::transient("sqlite: cannot open " + o.path + ": " + msg);
     }
     sqlite3_busy_timeout(db_, static_cast<int>(o.busy_timeout.count()));
     exec("PRAGMA journal_mode=WAL");
@@ -105,9 +105,9 @@ class connection {
 
 void bind(sqlite3* db, sqlite3_stmt* s, std::span<const sql_value> params) {
   if (static_cast<int>(params.size()) != sqlite3_bind_parameter_count(s)) {
-    throw storage_error::fatal("sqlite: statement expects " +
-                               std::to_string(sqlite3_bind_parameter_count(s)) +
-                               " parameters, got " + std::to_string(params.size()));
+    throw storage_error::permanent("sqlite: statement expects " +
+                                   std::to_string(sqlite3_bind_parameter_count(s)) +
+                                   " parameters, got " + std::to_string(params.size()));
   }
   int i = 1;
   for (const auto& p : params) {
@@ -368,7 +368,7 @@ std::optional<record> sqlite_store::read(const request_id& id) {
 std::unique_ptr<store_tx> sqlite_store::begin(const request_id&) { return begin_on_shard(0); }
 
 std::unique_ptr<store_tx> sqlite_store::begin_on_shard(std::size_t shard) {
-  if (shard != 0) throw storage_error::fatal("sqlite_store has one shard");
+  if (shard != 0) throw storage_error::permanent("sqlite_store has one shard");
   return std::make_unique<sqlite_tx>(impl_->borrow());
 }
 
@@ -409,7 +409,7 @@ void sqlite_store::migrate() {
 }
 
 int sqlite_store::schema_version(std::size_t shard) {
-  if (shard != 0) throw storage_error::fatal("sqlite_store has one shard");
+  if (shard != 0) throw storage_error::permanent("sqlite_store has one shard");
   auto h = impl_->borrow();
   const auto exists = run(*h.conn,
                           "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = "

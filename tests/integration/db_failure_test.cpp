@@ -1,0 +1,409 @@
+// Failures of the database, on a MariaDB server of the test's own (started
+// and killed with scripts/mariadb): every failure comes back classified, and
+// no committed record is lost and no payment charged twice.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <barrier>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "orpheus/manager.hpp"
+#include "support/backends.hpp"
+
+namespace orpheus {
+namespace {
+
+using test::random_hex;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+void mariadb(const std::string& verb, const std::filesystem::path& dir, int port = 0) {
+  std::string cmd = std::string(ORPHEUS_SOURCE_DIR "/scripts/mariadb ") + verb + " " + dir.string();
+  if (port != 0) cmd += " " + std::to_string(port);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+/// A downstream bank that counts raw charges per downstream key and answers
+/// status queries, as a real gateway does. It does not deduplicate by itself:
+/// a second charge for one key shows up as 2.
+class bank {
+ public:
+  std::string charge(const attempt& a) {
+    const auto key = a.downstream_key("charge");
+    std::lock_guard lock(m_);
+    if (a.is_retry() && charges_.count(key) != 0) return key;  // asked first
+    ++charges_[key];
+    return key;
+  }
+  std::map<std::string, int> charges() {
+    std::lock_guard lock(m_);
+    return charges_;
+  }
+
+ private:
+  std::mutex m_;
+  std::map<std::string, int> charges_;
+};
+
+class DbFailure : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* run = std::getenv("ORPHEUS_TEST_RUN_DIR");
+    dir_ = std::filesystem::path(run ? run : std::filesystem::temp_directory_path().string()) /
+           ("failure-" + random_hex(4));
+    port_ = free_port();
+    mariadb("start", dir_, port_);
+  }
+  static void TearDownTestSuite() {
+    mariadb("stop", dir_);
+    std::filesystem::remove_all(dir_);
+  }
+
+  void SetUp() override {
+    store_ = make();
+    store_->migrate();
+    auto t = store_->begin_on_shard(0);
+    t->execute("CREATE TABLE IF NOT EXISTS rows_for_locks (id INT PRIMARY KEY, v INT)");
+    t->execute("INSERT IGNORE INTO rows_for_locks VALUES (1, 0), (2, 0)");
+    t->commit();
+    scope_ = "fail-" + random_hex();
+  }
+
+  static std::unique_ptr<mysql_store> make(const std::string& user = "u") {
+    mysql_options o;
+    o.shards.push_back(mysql_shard{"127.0.0.1", port_, user, "p", "d"});
+    o.connect_timeout = std::chrono::seconds(2);
+    o.read_timeout = std::chrono::seconds(10);
+    o.pool_wait = std::chrono::milliseconds(2000);
+    return std::make_unique<mysql_store>(o);
+  }
+
+  request_id id(const std::string& key) const { return {scope_, key, fingerprint_of("x")}; }
+
+  response pay(manager& m, const request_id& rid, bank& b) {
+    return m.process(
+        rid, [&](tx&) { return rid.key; },
+        [&](const attempt& a, const std::string&) { return b.charge(a); },
+        [](tx&, const attempt&, const outcome<std::string>& o) {
+          return response{201, {}, o.ok() ? o.value() : o.error().code};
+        });
+  }
+
+  // Kills one server connection by id from another connection.
+  void kill_connection(std::int64_t conn_id) {
+    auto killer = make();
+    auto t = killer->begin_on_shard(0);
+    t->execute("KILL CONNECTION " + std::to_string(conn_id));
+    t->commit();
+  }
+
+  static inline std::filesystem::path dir_;
+  static inline int port_ = 0;
+  std::unique_ptr<mysql_store> store_;
+  std::string scope_;
+};
+
+void expect_retryable(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a retryable failure (" << needle << ")";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(DbFailure, ServerKilledMidRunThenRestartedWithoutRestartingTheProcess) {
+  config cfg;
+  cfg.lease = std::chrono::milliseconds(1500);  // leases orphaned by the kill expire soon
+  cfg.rpc_timeout = std::chrono::milliseconds(1000);
+  manager m(*store_, cfg);
+  bank b;
+  std::vector<request_id> done;
+  for (int i = 0; i < 20; ++i) {
+    done.push_back(id("before-" + std::to_string(i)));
+    pay(m, done.back(), b);
+  }
+
+  // Kill the server while 4 threads are sending payments.
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok_during{0}, retryable_during{0}, wrong{0};
+  std::mutex failed_m;
+  std::vector<request_id> failed;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w) {
+    workers.emplace_back([&, w] {
+      for (int i = 0; !stop; ++i) {
+        const auto rid = id("during-" + std::to_string(w) + "-" + std::to_string(i));
+        try {
+          pay(m, rid, b);
+          ++ok_during;
+        } catch (const error& e) {
+          if (e.retryable()) {
+            ++retryable_during;
+          } else {
+            ++wrong;
+            ADD_FAILURE() << "non-retryable failure while the server was down: " << e.what();
+          }
+          std::lock_guard lock(failed_m);
+          failed.push_back(rid);
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a client backs off
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  mariadb("kill", dir_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  stop = true;
+  for (auto& t : workers) t.join();
+  EXPECT_GT(retryable_during.load(), 0) << "no call saw the server down";
+  EXPECT_EQ(wrong.load(), 0);
+
+  mariadb("start", dir_, port_);
+  // Same process, same store: the pool drops its dead connections. A key
+  // whose lease was taken before the kill answers 409 until the lease ends;
+  // a client that honours Retry-After then gets it done.
+  int in_progress_answers = 0;
+  for (const auto& rid : failed) {
+    bool finished = false;
+    for (int i = 0; i < 20 && !finished; ++i) {
+      try {
+        pay(m, rid, b);
+        finished = true;
+      } catch (const error& e) {
+        ASSERT_TRUE(e.retryable()) << e.what();
+        ASSERT_EQ(e.code(), codes::in_progress) << "server is back, yet: " << e.what();
+        ++in_progress_answers;
+        std::this_thread::sleep_for(e.retry_after().value_or(std::chrono::milliseconds(100)));
+      }
+    }
+    EXPECT_TRUE(finished) << rid.key;
+  }
+  std::cout << "[ info ] " << ok_during << " succeeded and " << failed.size()
+            << " failed retryably around the kill; " << in_progress_answers
+            << " 409s while orphaned leases ran out\n";
+  // Nothing committed before the kill was lost.
+  for (const auto& rid : done) {
+    const auto r = pay(m, rid, b);
+    EXPECT_TRUE(r.replayed) << rid.key;
+  }
+  for (const auto& [key, n] : b.charges()) EXPECT_EQ(n, 1) << key;
+  EXPECT_EQ(b.charges().size(), done.size() + failed.size() + ok_during.load());
+}
+
+TEST_F(DbFailure, DeadlockIsRetryable) {
+  manager m(*store_);
+  std::barrier both(2);
+  std::atomic<int> ok{0}, deadlocked{0};
+  auto run = [&](int first, int second, const std::string& key) {
+    try {
+      m.process(
+          id(key),
+          [&](tx& t) {
+            t.execute("UPDATE rows_for_locks SET v = v + 1 WHERE id = ?", first);
+            both.arrive_and_wait();
+            t.execute("UPDATE rows_for_locks SET v = v + 1 WHERE id = ?", second);
+            return 0;
+          },
+          [](const attempt&, int) { return 0; },
+          [](tx&, const attempt&, const outcome<int>&) { return response{}; });
+      ++ok;
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("1213"), std::string::npos) << e.what();
+      ++deadlocked;
+    }
+  };
+  std::thread a(run, 1, 2, "a");
+  std::thread c(run, 2, 1, "b");
+  a.join();
+  c.join();
+  EXPECT_EQ(ok.load(), 1);
+  EXPECT_EQ(deadlocked.load(), 1);
+  // The victim's Pre-RPC left nothing behind and can simply be retried.
+  const auto victim = store_->read(id("a")) ? id("b") : id("a");
+  EXPECT_FALSE(store_->read(victim));
+}
+
+TEST_F(DbFailure, LockWaitTimeoutIsRetryable) {
+  manager m(*store_);
+  bank b;
+  const auto rid = id("locked");
+  EXPECT_THROW(m.process(
+                   rid, [](tx&) { return 0; },
+                   [](const attempt&, int) -> int { throw retryable_error("down", "bank down"); },
+                   [](tx&, const attempt&, const outcome<int>&) { return response{}; }),
+               error);
+  auto other = make();
+  auto holder = other->begin(rid);
+  ASSERT_TRUE(holder->lock(rid));  // another session holds the row
+  expect_retryable([&] { pay(m, rid, b); }, "1205");
+  holder->rollback();
+  EXPECT_EQ(pay(m, rid, b).status, 201);
+}
+
+TEST_F(DbFailure, LostConnectionInsideATransactionIsRetryableAndNothingIsRecorded) {
+  manager m(*store_);
+  const auto rid = id("lost");
+  expect_retryable(
+      [&] {
+        m.process(
+            rid,
+            [&](tx& t) {
+              const auto me = t.query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0);
+              t.execute("UPDATE rows_for_locks SET v = v + 1 WHERE id = 1");
+              kill_connection(me);
+              t.execute("UPDATE rows_for_locks SET v = v + 1 WHERE id = 2");
+              return 0;
+            },
+            [](const attempt&, int) { return 0; },
+            [](tx&, const attempt&, const outcome<int>&) { return response{}; });
+      },
+      "mysql");
+  EXPECT_FALSE(store_->read(rid));
+  bank b;
+  EXPECT_EQ(pay(m, rid, b).status, 201);  // the pool dropped the dead connection
+}
+
+TEST_F(DbFailure, TooManyConnectionsIsRetryable) {
+  {
+    auto t = store_->begin_on_shard(0);
+    t->execute("CREATE USER IF NOT EXISTS 'lim'@'127.0.0.1' IDENTIFIED BY 'p'");
+    t->execute("GRANT SELECT, INSERT, UPDATE, DELETE ON d.* TO 'lim'@'127.0.0.1'");
+    t->execute("SET GLOBAL max_connections = 12");
+    t->commit();
+  }
+  mysql_options o;
+  o.shards.push_back(mysql_shard{"127.0.0.1", port_, "lim", "p", "d"});
+  o.max_connections_per_shard = 64;
+  mysql_store crowd(o);
+  std::vector<std::unique_ptr<store_tx>> held;
+  bool refused = false;
+  for (int i = 0; i < 40 && !refused; ++i) {
+    try {
+      held.push_back(crowd.begin_on_shard(0));
+      held.back()->query("SELECT 1");
+    } catch (const storage_error& e) {
+      refused = true;
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("1040"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(refused) << "the server never refused a connection";
+  held.clear();
+  auto t = store_->begin_on_shard(0);
+  t->execute("SET GLOBAL max_connections = 300");
+  t->commit();
+}
+
+// A store that kills its own connection right before a chosen COMMIT, so the
+// COMMIT gets no answer: the case of "did it land?".
+class commit_killing_store final : public store {
+ public:
+  commit_killing_store(store& inner, std::function<void(std::int64_t)> killer)
+      : inner_(inner), killer_(std::move(killer)) {}
+  std::atomic<int> kill_on_begin{-1};  // which begin() to sabotage (0-based)
+
+  std::size_t shard_count() const override { return inner_.shard_count(); }
+  std::size_t shard_of(const request_id& id) const override { return inner_.shard_of(id); }
+  std::optional<record> read(const request_id& id) override { return inner_.read(id); }
+  std::unique_ptr<store_tx> begin(const request_id& id) override {
+    return std::make_unique<wrapped>(inner_.begin(id),
+                                     begins_++ == kill_on_begin ? killer_ : nullptr);
+  }
+  std::unique_ptr<store_tx> begin_on_shard(std::size_t s) override {
+    return inner_.begin_on_shard(s);
+  }
+  std::size_t purge_expired(std::size_t s, std::size_t l) override {
+    return inner_.purge_expired(s, l);
+  }
+  void migrate() override { inner_.migrate(); }
+  int schema_version(std::size_t s) override { return inner_.schema_version(s); }
+
+ private:
+  struct wrapped final : store_tx {
+    wrapped(std::unique_ptr<store_tx> t, std::function<void(std::int64_t)> k)
+        : t_(std::move(t)), kill_(std::move(k)) {}
+    sql_rows query_values(std::string_view s, std::span<const sql_value> p) override {
+      return t_->query_values(s, p);
+    }
+    std::uint64_t execute_values(std::string_view s, std::span<const sql_value> p) override {
+      return t_->execute_values(s, p);
+    }
+    std::size_t shard() const override { return t_->shard(); }
+    bool insert(const request_id& i, std::string_view o, const lease_terms& l) override {
+      return t_->insert(i, o, l);
+    }
+    std::optional<record> lock(const request_id& i) override { return t_->lock(i); }
+    bool save_pre_state(const request_id& i, std::string_view o, std::string_view j) override {
+      return t_->save_pre_state(i, o, j);
+    }
+    void take_lease(const request_id& i, std::string_view o, int a, const lease_terms& l) override {
+      t_->take_lease(i, o, a, l);
+    }
+    bool finish(const request_id& i, std::string_view o, record_state s, const response& r,
+                std::string_view e, const lease_terms& l) override {
+      return t_->finish(i, o, s, r, e, l);
+    }
+    bool release(const request_id& i, std::string_view o, std::string_view w) override {
+      return t_->release(i, o, w);
+    }
+    void commit() override {
+      if (kill_) kill_(t_->query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0));
+      t_->commit();
+    }
+    void rollback() noexcept override { t_->rollback(); }
+    std::unique_ptr<store_tx> t_;
+    std::function<void(std::int64_t)> kill_;
+  };
+
+  store& inner_;
+  std::function<void(std::int64_t)> killer_;
+  std::atomic<int> begins_{0};
+};
+
+TEST_F(DbFailure, LostConnectionDuringCommitIsInDoubtAndTheRetryResolvesIt) {
+  commit_killing_store s(*store_, [&](std::int64_t conn) { kill_connection(conn); });
+  manager m(s);
+  bank b;
+  const auto rid = id("in-doubt");
+  s.kill_on_begin = 1;  // begin #0 is transaction 1, #1 is transaction 2
+  try {
+    pay(m, rid, b);
+    ADD_FAILURE() << "a COMMIT without an answer was reported as success";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_TRUE(e.in_doubt()) << e.what();
+    EXPECT_EQ(e.code(), codes::commit_in_doubt);
+  }
+  // The retry finds out: here the COMMIT did not land, so it is a take-over
+  // with is_retry, which asks the bank instead of charging again.
+  const auto r = pay(m, rid, b);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(store_->read(rid)->attempts, 2);
+  ASSERT_EQ(b.charges().size(), 1U);
+  EXPECT_EQ(b.charges().begin()->second, 1);
+  EXPECT_TRUE(pay(m, rid, b).replayed);
+}
+
+}  // namespace
+}  // namespace orpheus
