@@ -1,0 +1,82 @@
+// Sharding over two real MariaDB servers: keys spread over both, and each
+// key's record and the application's rows land on that key's shard only.
+#include <gtest/gtest.h>
+
+#include "orpheus/manager.hpp"
+#include "orpheus/shard_map.hpp"
+#include "support/backends.hpp"
+
+namespace orpheus {
+namespace {
+
+TEST(Sharding, RecordsAndApplicationRowsLandOnTheKeysShardOnly) {
+  auto s = test::make_store("mysql", 2);
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->shard_count(), 2U);
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto t = s->begin_on_shard(i);
+    t->execute("CREATE TABLE IF NOT EXISTS shard_payments (id VARCHAR(255) PRIMARY KEY, "
+               "shard_seen INT NOT NULL, result VARCHAR(32))");
+    t->commit();
+  }
+  manager m(*s);
+  const std::string scope = "shard-" + test::random_hex();
+  constexpr int keys = 200;
+  std::vector<int> expected(2);
+  for (int i = 0; i < keys; ++i) {
+    const request_id id{scope, "k" + std::to_string(i), fingerprint_of("x")};
+    const std::size_t owner = shard_for(id.scope, id.key, 2);
+    EXPECT_EQ(s->shard_of(id), owner);
+    ++expected[owner];
+    const std::string pid = scope + "/" + id.key;
+    m.process(
+        id,
+        [&](tx& t) {
+          EXPECT_EQ(t.shard(), owner);
+          t.execute("INSERT INTO shard_payments (id, shard_seen) VALUES (?, ?)", pid, t.shard());
+          return pid;
+        },
+        [](const attempt&, const std::string& p) { return p; },
+        [&](tx& t, const attempt&, const outcome<std::string>&) {
+          EXPECT_EQ(t.shard(), owner);
+          t.execute("UPDATE shard_payments SET result = 'ok' WHERE id = ?", pid);
+          return response{200, {}, pid};
+        });
+  }
+  // Both servers got a fair share (binomial: 100 +- 3 sigma is about 79..121).
+  EXPECT_GT(expected[0], 70);
+  EXPECT_GT(expected[1], 70);
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto t = s->begin_on_shard(i);
+    const auto records =
+        t->query("SELECT idem_key FROM orpheus_records WHERE scope = ? AND state = 3", scope);
+    const auto rows = t->query(
+        "SELECT id, shard_seen FROM shard_payments WHERE id LIKE ? AND result = 'ok'", scope + "/%");
+    t->commit();
+    EXPECT_EQ(static_cast<int>(records.size()), expected[i]) << "shard " << i;
+    EXPECT_EQ(static_cast<int>(rows.size()), expected[i]) << "shard " << i;
+    for (const auto& r : records) {
+      EXPECT_EQ(shard_for(scope, r.get<std::string>(0), 2), i) << "a record on the wrong shard";
+    }
+    for (const auto& r : rows) EXPECT_EQ(r.get<std::int64_t>(1), static_cast<std::int64_t>(i));
+  }
+  // Replays read from the owning shard too.
+  for (int i = 0; i < keys; i += 17) {
+    const request_id id{scope, "k" + std::to_string(i), fingerprint_of("x")};
+    EXPECT_TRUE(s->read(id));
+    EXPECT_EQ(s->read(id)->recorded.body, scope + "/k" + std::to_string(i));
+  }
+}
+
+TEST(Sharding, GrowingTwoShardsToThreeMovesAboutAThirdOfTheKeys) {
+  int moved = 0;
+  constexpr int keys = 30000;
+  for (int i = 0; i < keys; ++i) {
+    const auto key = "payment-" + std::to_string(i);
+    if (shard_for("tenant-7", key, 2) != shard_for("tenant-7", key, 3)) ++moved;
+  }
+  EXPECT_NEAR(static_cast<double>(moved) / keys, 1.0 / 3, 0.02);
+}
+
+}  // namespace
+}  // namespace orpheus
