@@ -15,8 +15,9 @@ TEST(Sharding, RecordsAndApplicationRowsLandOnTheKeysShardOnly) {
   ASSERT_EQ(s->shard_count(), 2U);
   for (std::size_t i = 0; i < 2; ++i) {
     auto t = s->begin_on_shard(i);
-    t->execute("CREATE TABLE IF NOT EXISTS shard_payments (id VARCHAR(255) PRIMARY KEY, "
-               "shard_seen INT NOT NULL, result VARCHAR(32))");
+    t->execute(
+        "CREATE TABLE IF NOT EXISTS shard_payments (id VARCHAR(255) PRIMARY KEY, "
+        "shard_seen INT NOT NULL, result VARCHAR(32))");
     t->commit();
   }
   manager m(*s);
@@ -50,8 +51,9 @@ TEST(Sharding, RecordsAndApplicationRowsLandOnTheKeysShardOnly) {
     auto t = s->begin_on_shard(i);
     const auto records =
         t->query("SELECT idem_key FROM orpheus_records WHERE scope = ? AND state = 3", scope);
-    const auto rows = t->query(
-        "SELECT id, shard_seen FROM shard_payments WHERE id LIKE ? AND result = 'ok'", scope + "/%");
+    const auto rows =
+        t->query("SELECT id, shard_seen FROM shard_payments WHERE id LIKE ? AND result = 'ok'",
+                 scope + "/%");
     t->commit();
     EXPECT_EQ(static_cast<int>(records.size()), expected[i]) << "shard " << i;
     EXPECT_EQ(static_cast<int>(rows.size()), expected[i]) << "shard " << i;

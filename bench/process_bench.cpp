@@ -1,0 +1,261 @@
+// process() on MariaDB next to a hand-written baseline that does the same
+// durable work with the fewest statements, in the same run. Reports
+// requests/s, the Orpheus/baseline ratio, and statements per request read
+// from the server's status counters (Com_select + Com_insert + Com_update,
+// Com_commit, and Questions = round trips).
+//
+//   scripts/bench            starts its own MariaDB and runs this
+//   ORPHEUS_BENCH_MYSQL=mysql://u:p@127.0.0.1:3306/d build/bench/orpheus_bench
+//
+// The server must be otherwise idle: the counters are server-wide.
+#include <benchmark/benchmark.h>
+#include <cppconn/connection.h>
+#include <cppconn/driver.h>
+#include <cppconn/prepared_statement.h>
+#include <cppconn/resultset.h>
+#include <cppconn/statement.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include "orpheus/manager.hpp"
+#include "orpheus/store/mysql.hpp"
+
+namespace {
+
+orpheus::mysql_shard g_shard;
+std::unique_ptr<orpheus::mysql_store> g_store;
+std::atomic<long> g_seq{0};
+const std::string g_run = std::to_string(std::time(nullptr));
+
+std::unique_ptr<sql::Connection> connect(bool autocommit) {
+  sql::ConnectOptionsMap o;
+  o["hostName"] = sql::SQLString("tcp://" + g_shard.host + ":" + std::to_string(g_shard.port));
+  o["userName"] = sql::SQLString(g_shard.user);
+  o["password"] = sql::SQLString(g_shard.password);
+  o["schema"] = sql::SQLString(g_shard.database);
+  o["OPT_RECONNECT"] = false;
+  o["CLIENT_FOUND_ROWS"] = true;
+  std::unique_ptr<sql::Connection> c(get_driver_instance()->connect(o));
+  c->setAutoCommit(autocommit);
+  return c;
+}
+
+// Server-wide statement counters.
+struct counters {
+  long dml = 0, commits = 0, round_trips = 0;
+};
+counters read_counters() {
+  static auto mon = connect(true);
+  std::unique_ptr<sql::Statement> s(mon->createStatement());
+  std::unique_ptr<sql::ResultSet> r(s->executeQuery(
+      "SHOW GLOBAL STATUS WHERE Variable_name IN "
+      "('Questions','Com_select','Com_insert','Com_update','Com_delete','Com_commit')"));
+  counters c;
+  while (r->next()) {
+    const std::string name = r->getString(1);
+    const long v = std::stol(r->getString(2));
+    if (name == "Questions")
+      c.round_trips = v;
+    else if (name == "Com_commit")
+      c.commits = v;
+    else
+      c.dml += v;
+  }
+  // Exclude the monitor's own SHOW (one round trip, counted as no DML).
+  c.round_trips -= 1;
+  return c;
+}
+
+// The application's statements, the same in both: one INSERT in Pre-RPC and
+// one UPDATE in Post-RPC. Subtracted to show the idempotency overhead alone.
+constexpr double app_statements = 2;
+
+void report(benchmark::State& state, const counters& before, const counters& after, bool new_key) {
+  const double n = static_cast<double>(state.iterations());
+  const double app = new_key ? app_statements : 0;
+  state.counters["stmts/req"] = static_cast<double>(after.dml - before.dml) / n - app;
+  state.counters["commits/req"] = static_cast<double>(after.commits - before.commits) / n;
+  state.counters["roundtrips/req"] =
+      static_cast<double>(after.round_trips - before.round_trips) / n - app;
+  state.SetItemsProcessed(state.iterations());
+}
+
+orpheus::response orpheus_request(orpheus::manager& m, const std::string& key) {
+  const orpheus::request_id id{"bench", key, orpheus::fingerprint_of("amount=100")};
+  return m.process(
+      id,
+      [&](orpheus::tx& t) {
+        t.execute("INSERT INTO bench_payments (id, amount) VALUES (?, ?)", key, 100);
+        return key;
+      },
+      [](const orpheus::attempt& a, const std::string&) { return a.downstream_key("charge"); },
+      [&](orpheus::tx& t, const orpheus::attempt&, const orpheus::outcome<std::string>& o) {
+        t.execute("UPDATE bench_payments SET result = ? WHERE id = ?", o.value(), key);
+        return orpheus::response{201, {{"Content-Type", "application/json"}}, R"({"ok":true})"};
+      });
+}
+
+// The hand-written baseline: claim row, application row and response in the
+// same two transactions, no stored Pre-RPC result, nothing generic.
+class baseline {
+ public:
+  baseline() : read_(connect(true)), tx_(connect(false)) {
+    read_sel_.reset(read_->prepareStatement(
+        "SELECT state, status, headers, body FROM bench_claims WHERE scope = ? AND idem_key = ?"));
+    claim_.reset(tx_->prepareStatement(
+        "INSERT INTO bench_claims (scope, idem_key, fingerprint, state, lease_owner, "
+        "lease_expires_us) VALUES (?, ?, ?, 1, ?, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS "
+        "SIGNED) + 30000000)"));
+    app_ins_.reset(tx_->prepareStatement("INSERT INTO bench_payments (id, amount) VALUES (?, ?)"));
+    app_upd_.reset(tx_->prepareStatement("UPDATE bench_payments SET result = ? WHERE id = ?"));
+    record_.reset(tx_->prepareStatement(
+        "UPDATE bench_claims SET state = 3, status = ?, headers = ?, body = ?, lease_owner = NULL "
+        "WHERE scope = ? AND idem_key = ? AND lease_owner = ?"));
+    commit_.reset(tx_->createStatement());
+  }
+
+  std::string request(const std::string& key) {
+    read_sel_->setString(1, "bench");
+    read_sel_->setString(2, key);
+    {
+      std::unique_ptr<sql::ResultSet> r(read_sel_->executeQuery());
+      if (r->next() && r->getInt(1) == 3) return r->getString(4);  // replay
+    }
+    claim_->setString(1, "bench");
+    claim_->setString(2, key);
+    claim_->setString(3, orpheus::fingerprint_of("amount=100"));
+    claim_->setString(4, "owner-token-0123456789abcdef0123");
+    claim_->executeUpdate();
+    app_ins_->setString(1, key);
+    app_ins_->setInt64(2, 100);
+    app_ins_->executeUpdate();
+    commit_->execute("COMMIT");
+    const std::string charge = "ch_" + key;  // the RPC
+    app_upd_->setString(1, charge);
+    app_upd_->setString(2, key);
+    app_upd_->executeUpdate();
+    record_->setInt(1, 201);
+    record_->setString(2, R"([["Content-Type","application/json"]])");
+    record_->setString(3, R"({"ok":true})");
+    record_->setString(4, "bench");
+    record_->setString(5, key);
+    record_->setString(6, "owner-token-0123456789abcdef0123");
+    if (record_->executeUpdate() != 1) throw std::runtime_error("fencing failed");
+    commit_->execute("COMMIT");
+    return R"({"ok":true})";
+  }
+
+ private:
+  std::unique_ptr<sql::Connection> read_, tx_;
+  std::unique_ptr<sql::PreparedStatement> read_sel_, claim_, app_ins_, app_upd_, record_;
+  std::unique_ptr<sql::Statement> commit_;
+};
+
+std::string next_key(const char* kind) {
+  return std::string(kind) + "-" + g_run + "-" + std::to_string(g_seq++);
+}
+
+void BM_NewKey_Orpheus(benchmark::State& state) {
+  orpheus::manager m(*g_store);
+  orpheus_request(m, next_key("warm"));  // open the pools' connections
+  const auto before = read_counters();
+  for (auto _ : state) benchmark::DoNotOptimize(orpheus_request(m, next_key("o")));
+  report(state, before, read_counters(), true);
+}
+
+void BM_NewKey_Baseline(benchmark::State& state) {
+  baseline b;
+  b.request(next_key("warm"));
+  const auto before = read_counters();
+  for (auto _ : state) benchmark::DoNotOptimize(b.request(next_key("b")));
+  report(state, before, read_counters(), true);
+}
+
+void BM_Replay_Orpheus(benchmark::State& state) {
+  orpheus::manager m(*g_store);
+  const auto key = next_key("replay-o");
+  orpheus_request(m, key);
+  const auto before = read_counters();
+  for (auto _ : state) benchmark::DoNotOptimize(orpheus_request(m, key));
+  report(state, before, read_counters(), false);
+}
+
+void BM_Replay_Baseline(benchmark::State& state) {
+  baseline b;
+  const auto key = next_key("replay-b");
+  b.request(key);
+  const auto before = read_counters();
+  for (auto _ : state) benchmark::DoNotOptimize(b.request(key));
+  report(state, before, read_counters(), false);
+}
+
+BENCHMARK(BM_NewKey_Orpheus)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_NewKey_Baseline)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_Replay_Orpheus)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_Replay_Baseline)->UseRealTime()->MinTime(1.0);
+
+// Remembers each benchmark's throughput so main() can print the ratios.
+class ratio_reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      const auto it = r.counters.find("items_per_second");
+      if (it != r.counters.end()) rate[r.benchmark_name()] = it->second.value;
+    }
+  }
+  std::map<std::string, double> rate;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* url = std::getenv("ORPHEUS_BENCH_MYSQL");
+  if (url == nullptr) {
+    std::cerr << "set ORPHEUS_BENCH_MYSQL=mysql://user:pass@host:port/db (scripts/bench does)\n";
+    return 2;
+  }
+  g_shard = orpheus::parse_mysql_url(url);
+  orpheus::mysql_options o;
+  o.shards = {g_shard};
+  g_store = std::make_unique<orpheus::mysql_store>(o);
+  g_store->migrate();
+  {
+    auto c = connect(true);
+    std::unique_ptr<sql::Statement> s(c->createStatement());
+    s->execute(
+        "CREATE TABLE IF NOT EXISTS bench_payments (id VARCHAR(255) PRIMARY KEY, "
+        "amount BIGINT NOT NULL, result VARCHAR(64))");
+    s->execute(
+        "CREATE TABLE IF NOT EXISTS bench_claims (scope VARBINARY(255) NOT NULL, "
+        "idem_key VARBINARY(255) NOT NULL, fingerprint CHAR(64) NOT NULL, state TINYINT "
+        "NOT NULL, lease_owner CHAR(32) NULL, lease_expires_us BIGINT NULL, status "
+        "SMALLINT NULL, headers MEDIUMBLOB NULL, body MEDIUMBLOB NULL, PRIMARY KEY (scope, "
+        "idem_key)) ENGINE=InnoDB");
+  }
+  benchmark::Initialize(&argc, argv);
+  ratio_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  auto find = [&](const std::string& prefix) {
+    for (const auto& [name, r] : reporter.rate) {
+      if (name.rfind(prefix + "/", 0) == 0 || name == prefix) return r;
+    }
+    return 0.0;
+  };
+  std::cout << "\nThroughput ratio, Orpheus / hand-written baseline (same run):\n";
+  for (const char* what : {"NewKey", "Replay"}) {
+    const double mine = find(std::string("BM_") + what + "_Orpheus");
+    const double b = find(std::string("BM_") + what + "_Baseline");
+    if (mine > 0 && b > 0) {
+      std::cout << "  " << std::left << std::setw(8) << what << std::fixed << std::setprecision(2)
+                << mine / b << "x\n";
+    }
+  }
+  benchmark::Shutdown();
+  return 0;
+}
