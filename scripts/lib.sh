@@ -5,10 +5,12 @@ ORPHEUS_PACKAGES=(build-essential cmake pkg-config libboost-dev libmysqlcppconn-
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev libssl-dev
   mariadb-server mariadb-client)
 
-# Installs the Debian packages the project needs, if any is missing.
+# Installs the Debian packages the project needs (or those named), if any is
+# missing.
 install_packages() {
-  local missing=()
-  for p in "${ORPHEUS_PACKAGES[@]}"; do
+  local wanted=("$@") missing=()
+  [ ${#wanted[@]} -gt 0 ] || wanted=("${ORPHEUS_PACKAGES[@]}")
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0

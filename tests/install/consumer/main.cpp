@@ -1,0 +1,30 @@
+#include <iostream>
+
+#include "orpheus/manager.hpp"
+#include "orpheus/store/mysql.hpp"
+#include "orpheus/store/sqlite.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  orpheus::sqlite_store store({.path = argv[1]});
+  store.migrate();
+  orpheus::manager m(store);
+  const orpheus::request_id id{"consumer", "key-1", orpheus::fingerprint_of("x")};
+  auto run = [&] {
+    return m.process(
+        id, [](orpheus::tx&) { return 1; }, [](const orpheus::attempt&, int n) { return n + 1; },
+        [](orpheus::tx&, const orpheus::attempt&, const orpheus::outcome<int>& o) {
+          return orpheus::response{200, {}, std::to_string(o.value())};
+        });
+  };
+  const auto first = run();
+  const auto second = run();
+  // The MySQL backend links too (its options are checked without a server).
+  try {
+    orpheus::mysql_store bad(orpheus::mysql_options{});
+    return 1;
+  } catch (const orpheus::config_error&) {
+  }
+  std::cout << first.body << " " << second.replayed << "\n";
+  return first.body == "2" && second.replayed && !first.replayed ? 0 : 1;
+}
