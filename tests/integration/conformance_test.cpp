@@ -9,6 +9,7 @@
 
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
+#include "support/forwarding_store.hpp"
 
 namespace orpheus {
 namespace {
@@ -607,6 +608,23 @@ TEST_P(Conformance, ThirtyTwoThreadsOnOneKeyChargeOnce) {
       EXPECT_EQ(answered, threads);
     }
   }
+}
+
+// SPEC section 4's budget: a new key costs at most four library statements in
+// two transactions, a replay one read. Counted at the store seam; bench/
+// shows the same on the server's own counters.
+TEST_P(Conformance, RoundTripBudget) {
+  test::forwarding_store counting(*store_);
+  std::vector<std::string> statements;
+  counting.on_statement = [&](std::string_view s) { statements.emplace_back(s); };
+  manager m(counting);
+  counters c;
+  pay(m, id("budget"), c);
+  EXPECT_EQ(statements, (std::vector<std::string>{"read", "insert", "save_pre_state", "commit",
+                                                  "finish", "commit"}));
+  statements.clear();
+  EXPECT_TRUE(pay(m, id("budget"), c).replayed);
+  EXPECT_EQ(statements, std::vector<std::string>{"read"});
 }
 
 TEST_P(Conformance, SchemaMigrationIsRecordedAndIdempotent) {

@@ -16,6 +16,7 @@
 
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
+#include "support/forwarding_store.hpp"
 
 namespace orpheus {
 namespace {
@@ -314,78 +315,17 @@ TEST_F(DbFailure, TooManyConnectionsIsRetryable) {
   t->commit();
 }
 
-// A store that kills its own connection right before a chosen COMMIT, so the
-// COMMIT gets no answer: the case of "did it land?".
-class commit_killing_store final : public store {
- public:
-  commit_killing_store(store& inner, std::function<void(std::int64_t)> killer)
-      : inner_(inner), killer_(std::move(killer)) {}
-  std::atomic<int> kill_on_begin{-1};  // which begin() to sabotage (0-based)
-
-  std::size_t shard_count() const override { return inner_.shard_count(); }
-  std::size_t shard_of(const request_id& id) const override { return inner_.shard_of(id); }
-  std::optional<record> read(const request_id& id) override { return inner_.read(id); }
-  std::unique_ptr<store_tx> begin(const request_id& id) override {
-    return std::make_unique<wrapped>(inner_.begin(id),
-                                     begins_++ == kill_on_begin ? killer_ : nullptr);
-  }
-  std::unique_ptr<store_tx> begin_on_shard(std::size_t s) override {
-    return inner_.begin_on_shard(s);
-  }
-  std::size_t purge_expired(std::size_t s, std::size_t l) override {
-    return inner_.purge_expired(s, l);
-  }
-  void migrate() override { inner_.migrate(); }
-  int schema_version(std::size_t s) override { return inner_.schema_version(s); }
-
- private:
-  struct wrapped final : store_tx {
-    wrapped(std::unique_ptr<store_tx> t, std::function<void(std::int64_t)> k)
-        : t_(std::move(t)), kill_(std::move(k)) {}
-    sql_rows query_values(std::string_view s, std::span<const sql_value> p) override {
-      return t_->query_values(s, p);
-    }
-    std::uint64_t execute_values(std::string_view s, std::span<const sql_value> p) override {
-      return t_->execute_values(s, p);
-    }
-    std::size_t shard() const override { return t_->shard(); }
-    bool insert(const request_id& i, std::string_view o, const lease_terms& l) override {
-      return t_->insert(i, o, l);
-    }
-    std::optional<record> lock(const request_id& i) override { return t_->lock(i); }
-    bool save_pre_state(const request_id& i, std::string_view o, std::string_view j) override {
-      return t_->save_pre_state(i, o, j);
-    }
-    void take_lease(const request_id& i, std::string_view o, int a, const lease_terms& l) override {
-      t_->take_lease(i, o, a, l);
-    }
-    bool finish(const request_id& i, std::string_view o, record_state s, const response& r,
-                std::string_view e, const lease_terms& l) override {
-      return t_->finish(i, o, s, r, e, l);
-    }
-    bool release(const request_id& i, std::string_view o, std::string_view w) override {
-      return t_->release(i, o, w);
-    }
-    void commit() override {
-      if (kill_) kill_(t_->query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0));
-      t_->commit();
-    }
-    void rollback() noexcept override { t_->rollback(); }
-    std::unique_ptr<store_tx> t_;
-    std::function<void(std::int64_t)> kill_;
-  };
-
-  store& inner_;
-  std::function<void(std::int64_t)> killer_;
-  std::atomic<int> begins_{0};
-};
-
 TEST_F(DbFailure, LostConnectionDuringCommitIsInDoubtAndTheRetryResolvesIt) {
-  commit_killing_store s(*store_, [&](std::int64_t conn) { kill_connection(conn); });
+  // Kill our own connection right before the COMMIT of transaction 2, so the
+  // COMMIT gets no answer: the case of "did it land?".
+  test::forwarding_store s(*store_);
+  s.before_commit = [&](int tx_number, store_tx& t) {
+    if (tx_number != 1) return;  // #0 is transaction 1, #1 is transaction 2
+    kill_connection(t.query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0));
+  };
   manager m(s);
   bank b;
   const auto rid = id("in-doubt");
-  s.kill_on_begin = 1;  // begin #0 is transaction 1, #1 is transaction 2
   try {
     pay(m, rid, b);
     ADD_FAILURE() << "a COMMIT without an answer was reported as success";
