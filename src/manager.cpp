@@ -98,15 +98,6 @@ manager::manager(store& s, config c) : store_(s), config_(c) { validate(config_)
 
 namespace {
 
-/// What transaction 1 decided.
-struct claim {
-  std::string owner;  // empty: no lease was taken, see `answer` / `live`
-  int attempt = 0;
-  nlohmann::json pre_state;
-  std::optional<response> answer;       // replay or recorded terminal failure
-  std::optional<std::int64_t> live_us;  // another attempt holds a live lease
-};
-
 /// Best-effort, fenced: releases this attempt's lease so a retry need not wait
 /// for it to expire. Harmless when the lease is gone or the record final.
 void release_quietly(store& s, const request_id& id, std::string_view owner,
@@ -152,7 +143,9 @@ response manager::run(const request_id& id, const detail::phases& p,
 
     // 2. Acquire (transaction 1).
     const auto started = clock::now();
-    claim c;
+    // What transaction 1 leaves for the RPC: the attempt and the Pre-RPC result.
+    int attempt_number = 0;
+    nlohmann::json pre_state;
     std::string owner = new_owner_token();
     try {
       auto t = store_.begin(id);
@@ -174,7 +167,8 @@ response manager::run(const request_id& id, const detail::phases& p,
                 "lease row vanished inside its own "
                 "transaction");
           }
-          c = claim{owner, 1, std::move(pre), {}, {}};
+          attempt_number = 1;
+          pre_state = std::move(pre);
         } else {
           t->rollback();  // someone inserted first; drop its lock and re-read
           continue;
@@ -206,14 +200,15 @@ response manager::run(const request_id& id, const detail::phases& p,
               false,
               false,
               std::nullopt};
-          const response r = problem_response(why);
+          response r = problem_response(why);
           t->take_lease(id, owner, locked->attempts, terms);
           t->finish(id, owner, record_state::failed, r, why.message, terms);
           t->commit();
           return r;
         }
         t->take_lease(id, owner, locked->attempts + 1, terms);
-        c = claim{owner, locked->attempts + 1, nlohmann::json::parse(locked->pre_state), {}, {}};
+        attempt_number = locked->attempts + 1;
+        pre_state = nlohmann::json::parse(locked->pre_state);
       }
       t->commit();
     } catch (const storage_error& e) {
@@ -225,8 +220,8 @@ response manager::run(const request_id& id, const detail::phases& p,
 
     // 3. RPC, outside any transaction, with a deadline before the lease ends
     // (the lease started after `started`, on the database clock).
-    const attempt a(id, c.attempt, started + config_.rpc_timeout);
-    const std::optional<error_info> failure = p.rpc(a, c.pre_state);
+    const attempt a(id, attempt_number, started + config_.rpc_timeout);
+    const std::optional<error_info> failure = p.rpc(a, pre_state);
 
     // 4. Record (transaction 2), fenced by the owner token.
     try {
