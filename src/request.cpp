@@ -1,9 +1,9 @@
 #include "orpheus/request.hpp"
 
-#include <openssl/sha.h>
-
 #include <array>
 #include <nlohmann/json.hpp>
+
+#include "sha256.hpp"
 
 namespace orpheus {
 namespace {
@@ -55,8 +55,7 @@ void validate(const request_id& id) {
 }
 
 std::string fingerprint_of(std::string_view canonical) {
-  std::array<unsigned char, SHA256_DIGEST_LENGTH> d{};
-  SHA256(reinterpret_cast<const unsigned char*>(canonical.data()), canonical.size(), d.data());
+  const auto d = detail::sha256(canonical);
   return hex(d.data(), d.size());
 }
 
@@ -68,8 +67,7 @@ std::string attempt::downstream_key(std::string_view name) const {
     input += ':';
     input.append(part);
   }
-  std::array<unsigned char, SHA256_DIGEST_LENGTH> d{};
-  SHA256(reinterpret_cast<const unsigned char*>(input.data()), input.size(), d.data());
+  const auto d = detail::sha256(input);
   return "ork_" + hex(d.data(), 20);
 }
 

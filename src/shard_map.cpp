@@ -1,10 +1,10 @@
 #include "orpheus/shard_map.hpp"
 
-#include <openssl/sha.h>
-
 #include <array>
 #include <stdexcept>
 #include <string>
+
+#include "sha256.hpp"
 
 namespace orpheus {
 
@@ -26,8 +26,7 @@ std::uint64_t key_hash(std::string_view scope, std::string_view key) {
   input.reserve(scope.size() + 1 + key.size());
   input.append(scope).push_back('\0');
   input.append(key);
-  std::array<unsigned char, SHA256_DIGEST_LENGTH> digest{};
-  SHA256(reinterpret_cast<const unsigned char*>(input.data()), input.size(), digest.data());
+  const auto digest = detail::sha256(input);
   std::uint64_t h = 0;
   for (int i = 0; i < 8; ++i) h = (h << 8) | digest[static_cast<std::size_t>(i)];
   return h;
@@ -35,6 +34,7 @@ std::uint64_t key_hash(std::string_view scope, std::string_view key) {
 
 std::size_t shard_for(std::string_view scope, std::string_view key, std::size_t shards) {
   if (shards == 0) throw std::invalid_argument("shard_for: no shards");
+  if (shards == 1) return 0;  // jump_consistent_hash(h, 1) is 0 for every h
   return static_cast<std::size_t>(
       jump_consistent_hash(key_hash(scope, key), static_cast<std::int32_t>(shards)));
 }

@@ -104,7 +104,12 @@ class store {
   /// The shard that owns (scope, key); see shard_map.hpp.
   [[nodiscard]] virtual std::size_t shard_of(const request_id& id) const = 0;
   /// The replay fast path: one read from the key's master, no transaction.
+  /// Loads what the decision and a replay need: state, fingerprint, attempts,
+  /// lease, recorded response and the database clock. The other fields are
+  /// left empty (see inspect()).
   virtual std::optional<record> read(const request_id& id) = 0;
+  /// The whole record, for tools and tests; no transaction.
+  virtual std::optional<record> inspect(const request_id& id) = 0;
   /// Opens a transaction on the key's shard.
   virtual std::unique_ptr<store_tx> begin(const request_id& id) = 0;
   /// Opens a transaction on a shard by index (for application set-up).

@@ -123,7 +123,7 @@ TEST_P(Conformance, NewKeyRunsEachPhaseOnceAndRecordsTheResponse) {
   EXPECT_EQ(c.rpc, 1);
   EXPECT_EQ(c.post, 1);
   EXPECT_EQ(c.retries, std::vector<bool>{false});
-  const auto rec = store_->read(id("k1"));
+  const auto rec = store_->inspect(id("k1"));
   ASSERT_TRUE(rec);
   EXPECT_EQ(rec->state, record_state::succeeded);
   EXPECT_EQ(rec->attempts, 1);
@@ -132,6 +132,26 @@ TEST_P(Conformance, NewKeyRunsEachPhaseOnceAndRecordsTheResponse) {
   EXPECT_GT(rec->expires_us, rec->db_now_us);
   EXPECT_EQ(app_amount(scope_ + "/k1"), 100);
   EXPECT_EQ(app_result(scope_ + "/k1"), "charged");
+}
+
+TEST_P(Conformance, FastPathReadCarriesWhatTheDecisionAndTheReplayNeed) {
+  manager m(*store_);
+  counters c;
+  pay(m, id("k1"), c);
+  const auto fast = store_->read(id("k1"));
+  const auto full = store_->inspect(id("k1"));
+  ASSERT_TRUE(fast && full);
+  EXPECT_EQ(fast->state, full->state);
+  EXPECT_EQ(fast->fingerprint, full->fingerprint);
+  EXPECT_EQ(fast->attempts, full->attempts);
+  EXPECT_EQ(fast->lease_owner, full->lease_owner);
+  EXPECT_EQ(fast->recorded, full->recorded);
+  EXPECT_GT(fast->db_now_us, 0);
+  EXPECT_TRUE(fast->pre_state.empty());  // only inspect() and lock() load it
+  EXPECT_FALSE(full->pre_state.empty());
+  EXPECT_GT(full->created_us, 0);
+  EXPECT_FALSE(store_->read(id("absent")));
+  EXPECT_FALSE(store_->inspect(id("absent")));
 }
 
 TEST_P(Conformance, ReplayIsByteIdenticalAndFlagged) {
@@ -170,7 +190,7 @@ TEST_P(Conformance, FingerprintMismatchIsRejectedAndChangesNothing) {
   manager m(*store_);
   counters c;
   pay(m, id("k1", "amount=100"), c);
-  const auto before = store_->read(id("k1"));
+  const auto before = store_->inspect(id("k1"));
   try {
     pay(m, id("k1", "amount=999"), c);
     ADD_FAILURE() << "a key re-used with another payload was accepted";
@@ -179,7 +199,7 @@ TEST_P(Conformance, FingerprintMismatchIsRejectedAndChangesNothing) {
     EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
     EXPECT_FALSE(e.retryable());
   }
-  const auto after = store_->read(id("k1"));
+  const auto after = store_->inspect(id("k1"));
   ASSERT_TRUE(before && after);
   EXPECT_EQ(after->state, before->state);
   EXPECT_EQ(after->recorded, before->recorded);
@@ -252,7 +272,7 @@ TEST_P(Conformance, ExpiredLeaseIsTakenOverAsARetryWithoutASecondPreRpc) {
   EXPECT_EQ(c.retries, std::vector<bool>{true});
   EXPECT_EQ(seen_payment, "from-crashed-attempt");
   EXPECT_EQ(seen_number, 2);
-  EXPECT_EQ(store_->read(rid)->attempts, 2);
+  EXPECT_EQ(store_->inspect(rid)->attempts, 2);
 }
 
 TEST_P(Conformance, AnAttemptThatLostItsLeaseCannotRecord) {
@@ -278,7 +298,7 @@ TEST_P(Conformance, AnAttemptThatLostItsLeaseCannotRecord) {
     EXPECT_TRUE(e.retryable());
   }
   ASSERT_TRUE(b_answer);
-  const auto rec = store_->read(rid);
+  const auto rec = store_->inspect(rid);
   EXPECT_EQ(rec->state, record_state::succeeded);
   EXPECT_EQ(rec->recorded, *b_answer);
   EXPECT_NE(rec->recorded.body.find("from-b"), std::string::npos);
@@ -300,7 +320,7 @@ TEST_P(Conformance, RetryableOutcomeReleasesTheLeaseAndLeavesTheKeyRetryable) {
     EXPECT_EQ(e.http_status(), 504);
     EXPECT_EQ(e.code(), "gateway_timeout");
   }
-  auto rec = store_->read(rid);
+  auto rec = store_->inspect(rid);
   EXPECT_EQ(rec->state, record_state::retryable);
   EXPECT_TRUE(rec->lease_owner.empty());
   EXPECT_NE(rec->last_error.find("gateway_timeout"), std::string::npos);
@@ -310,7 +330,7 @@ TEST_P(Conformance, RetryableOutcomeReleasesTheLeaseAndLeavesTheKeyRetryable) {
   EXPECT_EQ(r.status, 201);
   EXPECT_EQ(c.pre, 1);
   EXPECT_EQ(c.retries, (std::vector<bool>{false, true}));
-  EXPECT_EQ(store_->read(rid)->state, record_state::succeeded);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::succeeded);
 }
 
 TEST_P(Conformance, NonRetryableOutcomeIsRecordedAndReplayed) {
@@ -328,7 +348,7 @@ TEST_P(Conformance, NonRetryableOutcomeIsRecordedAndReplayed) {
   EXPECT_TRUE(again.replayed);
   EXPECT_EQ(again, first);
   EXPECT_EQ(c.rpc, 1);
-  const auto rec = store_->read(rid);
+  const auto rec = store_->inspect(rid);
   EXPECT_EQ(rec->state, record_state::failed);
   EXPECT_NE(rec->last_error.find("card_declined"), std::string::npos);
 }
@@ -341,7 +361,7 @@ TEST_P(Conformance, UnclassifiedExceptionsAreNonRetryableByDefault) {
   });
   EXPECT_EQ(r.status, 500);
   EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::unclassified);
-  EXPECT_EQ(store_->read(id("k1"))->state, record_state::failed);
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::failed);
 }
 
 TEST_P(Conformance, UnclassifiedExceptionsCanBeConfiguredRetryable) {
@@ -353,7 +373,7 @@ TEST_P(Conformance, UnclassifiedExceptionsCanBeConfiguredRetryable) {
       pay(m, id("k1"), c,
           [](const attempt&, const payment&) -> std::string { throw std::runtime_error("flaky"); }),
       error);
-  EXPECT_EQ(store_->read(id("k1"))->state, record_state::retryable);
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
 }
 
 TEST_P(Conformance, AttemptCapGivesARecordedTerminalFailure) {
@@ -376,7 +396,7 @@ TEST_P(Conformance, AttemptCapGivesARecordedTerminalFailure) {
   const auto again = pay(m, rid, c, flaky);
   EXPECT_TRUE(again.replayed);
   EXPECT_EQ(again, r);
-  EXPECT_EQ(store_->read(rid)->state, record_state::failed);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::failed);
 }
 
 TEST_P(Conformance, RetryWindowGivesARecordedTerminalFailure) {
@@ -395,7 +415,7 @@ TEST_P(Conformance, RetryWindowGivesARecordedTerminalFailure) {
   EXPECT_EQ(r.status, 500);
   EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::retry_window_exhausted);
   EXPECT_EQ(c.rpc, 1);
-  EXPECT_EQ(store_->read(rid)->state, record_state::failed);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::failed);
 }
 
 TEST_P(Conformance, ThrowingPreRpcRollsBackItsWritesAndTheLeaseRow) {
@@ -416,7 +436,7 @@ TEST_P(Conformance, ThrowingPreRpcRollsBackItsWritesAndTheLeaseRow) {
     EXPECT_EQ(e.http_status(), 400);
     EXPECT_FALSE(e.retryable());
   }
-  EXPECT_FALSE(store_->read(rid)) << "nothing may be recorded for a failed Pre-RPC";
+  EXPECT_FALSE(store_->inspect(rid)) << "nothing may be recorded for a failed Pre-RPC";
   EXPECT_EQ(app_amount("pre-" + scope_), -1);
 }
 
@@ -445,7 +465,7 @@ TEST_P(Conformance, ThrowingPostRpcRollsBackItsWritesAndLeavesTheKeyRetryable) {
     EXPECT_TRUE(e.retryable()) << "the RPC ran: never 'nothing happened'";
   }
   EXPECT_EQ(app_amount("post-" + scope_), -1);
-  EXPECT_EQ(store_->read(rid)->state, record_state::retryable);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
   EXPECT_EQ(run(false).body, "done");
   EXPECT_EQ(rpc_calls, 2);
   EXPECT_EQ(app_amount("post-" + scope_), 7);
@@ -484,8 +504,8 @@ TEST_P(Conformance, RetentionPurgeDeletesExpiredRecordsInBoundedBatches) {
   EXPECT_EQ(m.purge_expired(2), 2U);
   EXPECT_EQ(m.purge_expired(2), 1U);
   EXPECT_EQ(m.purge_expired(2), 0U);
-  for (int i = 0; i < 5; ++i) EXPECT_FALSE(store_->read(id("p" + std::to_string(i))));
-  EXPECT_TRUE(store_->read(id("retryable")));
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(store_->inspect(id("p" + std::to_string(i))));
+  EXPECT_TRUE(store_->inspect(id("retryable")));
 }
 
 TEST_P(Conformance, WaitOptionAnswersWithTheOtherAttemptsRecordedResponse) {
@@ -550,7 +570,7 @@ TEST_P(Conformance, BadInputIsRejectedBeforeAnyDatabaseWork) {
     }
   }
   EXPECT_EQ(c.pre + c.rpc + c.post, 0);
-  EXPECT_FALSE(store_->read({scope_, "k", fingerprint_of("x")}));
+  EXPECT_FALSE(store_->inspect({scope_, "k", fingerprint_of("x")}));
 }
 
 TEST_P(Conformance, ConfigurationWithRpcTimeoutNotShorterThanTheLeaseIsRefused) {
@@ -590,7 +610,7 @@ TEST_P(Conformance, ThirtyTwoThreadsOnOneKeyChargeOnce) {
     for (auto& t : pool) t.join();
     EXPECT_EQ(c.rpc, 1) << "the charge ran more than once";
     EXPECT_EQ(c.pre, 1);
-    const auto rec = store_->read(rid);
+    const auto rec = store_->inspect(rid);
     ASSERT_TRUE(rec);
     ASSERT_EQ(rec->state, record_state::succeeded);
     int answered = 0;

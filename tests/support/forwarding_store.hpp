@@ -27,6 +27,7 @@ class forwarding_store : public store {
     note("read");
     return inner_.read(id);
   }
+  std::optional<record> inspect(const request_id& id) override { return inner_.inspect(id); }
   std::unique_ptr<store_tx> begin(const request_id& id) override {
     return std::make_unique<wrapped>(*this, inner_.begin(id), begins_++);
   }

@@ -72,6 +72,7 @@ class mysql_store final : public store {
   [[nodiscard]] std::size_t shard_count() const override;
   [[nodiscard]] std::size_t shard_of(const request_id& id) const override;
   std::optional<record> read(const request_id& id) override;
+  std::optional<record> inspect(const request_id& id) override;
   std::unique_ptr<store_tx> begin(const request_id& id) override;
   std::unique_ptr<store_tx> begin_on_shard(std::size_t shard) override;
   std::size_t purge_expired(std::size_t shard, std::size_t limit) override;
@@ -81,6 +82,7 @@ class mysql_store final : public store {
   struct impl;
 
  private:
+  std::optional<record> select(const request_id& id, bool full);
   std::unique_ptr<impl> impl_;
 };
 

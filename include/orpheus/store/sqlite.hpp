@@ -44,6 +44,7 @@ class sqlite_store final : public store {
   [[nodiscard]] std::size_t shard_count() const override { return 1; }
   [[nodiscard]] std::size_t shard_of(const request_id&) const override { return 0; }
   std::optional<record> read(const request_id& id) override;
+  std::optional<record> inspect(const request_id& id) override;
   std::unique_ptr<store_tx> begin(const request_id& id) override;
   std::unique_ptr<store_tx> begin_on_shard(std::size_t shard) override;
   std::size_t purge_expired(std::size_t shard, std::size_t limit) override;

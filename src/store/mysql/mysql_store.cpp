@@ -18,6 +18,7 @@
 
 #include "errors.hpp"
 #include "orpheus/detail/migration.hpp"
+#include "orpheus/detail/record_row.hpp"
 #include "orpheus/shard_map.hpp"
 
 namespace orpheus {
@@ -33,11 +34,6 @@ using steady = std::chrono::steady_clock;
 
 // The database clock in microseconds since the epoch (sessions use UTC).
 #define ORPHEUS_NOW "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
-
-constexpr const char* record_columns =
-    "state, fingerprint, attempts, lease_owner, lease_expires_us, pre_state, "
-    "recovery_point, status, headers, body, last_error, created_us, "
-    "updated_us, retry_until_us, expires_us, " ORPHEUS_NOW;
 
 sql::Driver* driver() {
   // get_driver_instance() is not thread-safe; a function-local static is
@@ -292,50 +288,18 @@ std::uint64_t run_update(connection& c, std::string_view sql, std::span<const sq
   return static_cast<std::uint64_t>(ps.executeUpdate());
 }
 
-std::string text_or_empty(const sql_value& v) {
-  const auto* s = std::get_if<std::string>(&v);
-  return s ? *s : std::string{};
-}
 std::int64_t int_or_zero(const sql_value& v) {
-  if (const auto* n = std::get_if<std::int64_t>(&v)) return *n;
-  if (const auto* s = std::get_if<std::string>(&v)) {  // DECIMAL arrives as text
-    std::int64_t out = 0;
-    std::from_chars(s->data(), s->data() + s->size(), out);
-    return out;
-  }
-  return 0;
+  const auto* n = std::get_if<std::int64_t>(&v);
+  return n ? *n : 0;
 }
 
-record to_record(const sql_row& r) {
-  record out;
-  out.state = static_cast<record_state>(int_or_zero(r.values[0]));
-  out.fingerprint = text_or_empty(r.values[1]);
-  out.attempts = static_cast<int>(int_or_zero(r.values[2]));
-  out.lease_owner = text_or_empty(r.values[3]);
-  out.lease_expires_us = int_or_zero(r.values[4]);
-  out.pre_state = text_or_empty(r.values[5]);
-  out.recovery_point = text_or_empty(r.values[6]);
-  out.recorded.status = static_cast<int>(int_or_zero(r.values[7]));
-  const std::string headers = text_or_empty(r.values[8]);
-  if (!headers.empty()) {
-    out.recorded.headers =
-        nlohmann::json::parse(headers).get<std::vector<std::pair<std::string, std::string>>>();
-  }
-  out.recorded.body = text_or_empty(r.values[9]);
-  out.last_error = text_or_empty(r.values[10]);
-  out.created_us = int_or_zero(r.values[11]);
-  out.updated_us = int_or_zero(r.values[12]);
-  out.retry_until_us = int_or_zero(r.values[13]);
-  out.expires_us = int_or_zero(r.values[14]);
-  out.db_now_us = int_or_zero(r.values[15]);
-  return out;
-}
-
-const std::string& select_record_sql(bool for_update) {
-  static const std::string plain = std::string("SELECT ") + record_columns +
-                                   " FROM orpheus_records WHERE scope = ? AND idem_key = ?";
-  static const std::string locking = plain + " FOR UPDATE";
-  return for_update ? locking : plain;
+// SELECT lists: the fast path's columns, the clock, then (full) the rest.
+std::string select_record(bool full, bool for_update) {
+  std::string sql = "SELECT ";
+  sql.append(detail::record_columns_fast).append(", " ORPHEUS_NOW);
+  if (full) sql.append(", ").append(detail::record_columns_rest);
+  sql.append(" FROM orpheus_records WHERE scope = ? AND idem_key = ?");
+  return for_update ? sql + " FOR UPDATE" : sql;
 }
 
 }  // namespace
@@ -379,9 +343,10 @@ class mysql_tx final : public store_tx {
   }
 
   std::optional<record> lock(const request_id& id) override {
-    auto rows = query_values(select_record_sql(true), std::vector<sql_value>{id.scope, id.key});
+    static const std::string sql = select_record(true, true);
+    auto rows = query_values(sql, std::vector<sql_value>{id.scope, id.key});
     if (rows.empty()) return std::nullopt;
-    return to_record(rows.front());
+    return detail::record_from_row(rows.front(), true);
   }
 
   bool save_pre_state(const request_id& id, std::string_view owner,
@@ -526,18 +491,23 @@ std::size_t mysql_store::shard_of(const request_id& id) const {
   return shard_for(id.scope, id.key, shard_count());
 }
 
-std::optional<record> mysql_store::read(const request_id& id) {
+std::optional<record> mysql_store::read(const request_id& id) { return select(id, false); }
+
+std::optional<record> mysql_store::inspect(const request_id& id) { return select(id, true); }
+
+std::optional<record> mysql_store::select(const request_id& id, bool full) {
+  static const std::string fast = select_record(false, false);
+  static const std::string all = select_record(true, false);
   const sql_value params[] = {id.scope, id.key};
   // A read changes nothing, so one retry on a fresh connection is safe: it
   // hides a pooled connection that died while idle.
   for (int tries = 0;; ++tries) {
     borrowed c(*impl_->read_pools[shard_of(id)]);
     try {
-      auto rows = c.guarded("read", [&](connection& conn) {
-        return run_query(conn, select_record_sql(false), params);
-      });
+      auto rows = c.guarded(
+          "read", [&](connection& conn) { return run_query(conn, full ? all : fast, params); });
       if (rows.empty()) return std::nullopt;
-      return to_record(rows.front());
+      return detail::record_from_row(rows.front(), full);
     } catch (const storage_error&) {
       if (tries > 0) throw;
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "orpheus/detail/migration.hpp"
+#include "orpheus/detail/record_row.hpp"
 
 namespace orpheus {
 namespace detail {
@@ -21,10 +22,13 @@ namespace {
 // millisecond precision; enough for leases measured in seconds).
 #define ORPHEUS_NOW "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
 
-constexpr const char* record_columns =
-    "state, fingerprint, attempts, lease_owner, lease_expires_us, pre_state, "
-    "recovery_point, status, headers, body, last_error, created_us, "
-    "updated_us, retry_until_us, expires_us, " ORPHEUS_NOW;
+// SELECT lists: the fast path's columns, the clock, then (full) the rest.
+std::string select_record(bool full) {
+  std::string sql = "SELECT ";
+  sql.append(detail::record_columns_fast).append(", " ORPHEUS_NOW);
+  if (full) sql.append(", ").append(detail::record_columns_rest);
+  return sql.append(" FROM orpheus_records WHERE scope = ? AND idem_key = ?");
+}
 
 // The one place where SQLite result codes become retryable or not.
 [[noreturn]] void throw_sqlite(sqlite3* db, int rc, std::string_view what, bool in_commit = false) {
@@ -166,38 +170,9 @@ sql_rows run(connection& c, std::string_view sql, std::span<const sql_value> par
   return rows;
 }
 
-std::string text_or_empty(const sql_value& v) {
-  const auto* s = std::get_if<std::string>(&v);
-  return s ? *s : std::string{};
-}
 std::int64_t int_or_zero(const sql_value& v) {
   const auto* n = std::get_if<std::int64_t>(&v);
   return n ? *n : 0;
-}
-
-record to_record(const sql_row& r) {
-  record out;
-  out.state = static_cast<record_state>(int_or_zero(r.values[0]));
-  out.fingerprint = text_or_empty(r.values[1]);
-  out.attempts = static_cast<int>(int_or_zero(r.values[2]));
-  out.lease_owner = text_or_empty(r.values[3]);
-  out.lease_expires_us = int_or_zero(r.values[4]);
-  out.pre_state = text_or_empty(r.values[5]);
-  out.recovery_point = text_or_empty(r.values[6]);
-  out.recorded.status = static_cast<int>(int_or_zero(r.values[7]));
-  const std::string headers = text_or_empty(r.values[8]);
-  if (!headers.empty()) {
-    out.recorded.headers =
-        nlohmann::json::parse(headers).get<std::vector<std::pair<std::string, std::string>>>();
-  }
-  out.recorded.body = text_or_empty(r.values[9]);
-  out.last_error = text_or_empty(r.values[10]);
-  out.created_us = int_or_zero(r.values[11]);
-  out.updated_us = int_or_zero(r.values[12]);
-  out.retry_until_us = int_or_zero(r.values[13]);
-  out.expires_us = int_or_zero(r.values[14]);
-  out.db_now_us = int_or_zero(r.values[15]);
-  return out;
 }
 
 std::string headers_json(const response& r) {
@@ -244,6 +219,16 @@ struct sqlite_store::impl {
     }
   }
 
+  std::optional<record> select(const request_id& id, bool full) {
+    static const std::string fast = select_record(false);
+    static const std::string all = select_record(true);
+    auto h = borrow();
+    const sql_value params[] = {id.scope, id.key};
+    auto rows = run(*h.conn, full ? all : fast, params);
+    if (rows.empty()) return std::nullopt;
+    return detail::record_from_row(rows.front(), full);
+  }
+
   void give_back(std::unique_ptr<connection> c) {
     std::lock_guard lock(mutex);
     idle.push_back(std::move(c));
@@ -281,11 +266,10 @@ class sqlite_tx final : public store_tx {
 
   std::optional<record> lock(const request_id& id) override {
     // BEGIN IMMEDIATE already holds the database's write lock.
-    auto rows = query(std::string("SELECT ") + record_columns +
-                          " FROM orpheus_records WHERE scope = ? AND idem_key = ?",
-                      id.scope, id.key);
+    static const std::string sql = select_record(true);
+    auto rows = query(sql, id.scope, id.key);
     if (rows.empty()) return std::nullopt;
-    return to_record(rows.front());
+    return detail::record_from_row(rows.front(), true);
   }
 
   bool save_pre_state(const request_id& id, std::string_view owner,
@@ -354,15 +338,10 @@ sqlite_store::sqlite_store(sqlite_options options) : impl_(std::make_unique<impl
 
 sqlite_store::~sqlite_store() = default;
 
-std::optional<record> sqlite_store::read(const request_id& id) {
-  auto h = impl_->borrow();
-  const sql_value params[] = {id.scope, id.key};
-  auto rows = run(*h.conn,
-                  std::string("SELECT ") + record_columns +
-                      " FROM orpheus_records WHERE scope = ? AND idem_key = ?",
-                  params);
-  if (rows.empty()) return std::nullopt;
-  return to_record(rows.front());
+std::optional<record> sqlite_store::read(const request_id& id) { return impl_->select(id, false); }
+
+std::optional<record> sqlite_store::inspect(const request_id& id) {
+  return impl_->select(id, true);
 }
 
 std::unique_ptr<store_tx> sqlite_store::begin(const request_id&) { return begin_on_shard(0); }

@@ -1,0 +1,24 @@
+// How a backend's SELECT of orpheus_records maps to a record. Both backends
+// build their SELECT from these column lists, so the order lives here once.
+#pragma once
+
+#include <string_view>
+
+#include "orpheus/store.hpp"
+#include "orpheus/tx.hpp"
+
+namespace orpheus::detail {
+
+/// What the fast path needs to decide and to replay; followed in the SELECT
+/// by the database's "now" (microseconds since the epoch).
+inline constexpr std::string_view record_columns_fast =
+    "state, fingerprint, attempts, lease_owner, lease_expires_us, status, headers, body";
+/// The rest of the record, for take-overs (pre_state) and for inspection.
+inline constexpr std::string_view record_columns_rest =
+    "pre_state, recovery_point, last_error, created_us, updated_us, retry_until_us, expires_us";
+
+/// Builds a record from a row of `fast, now[, rest]`; `full` says whether the
+/// rest is there.
+record record_from_row(const sql_row& row, bool full);
+
+}  // namespace orpheus::detail
