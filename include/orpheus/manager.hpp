@@ -7,7 +7,10 @@
 //   RPC       network only, no transaction, with a deadline before the lease
 //             ends and an Attempt (is_retry, number, downstream_key).
 //   Post-RPC  database only, in transaction 2 with the recorded response;
-//             it commits only if this attempt still holds the lease.
+//             it commits only if this attempt still holds the lease. It is
+//             called as post(tx, attempt, outcome) or, when it takes them,
+//             post(tx, attempt, pre_state, outcome): the Pre-RPC result is
+//             there even when the RPC failed.
 //
 //   /// [process]
 //   orpheus::response r = manager.process(
@@ -162,14 +165,15 @@ response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& pos
   using rpc_result = std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const pre_state&>>;
   using outcome_t = typename detail::outcome_of<rpc_result>::type;
 
+  std::optional<pre_state> state;
   std::optional<outcome_t> result;
   const unclassified_policy policy = config_.unclassified;
   detail::phases p{
       [&](tx& t) { return nlohmann::json(std::invoke(pre, t)); },
       [&](const attempt& a, const nlohmann::json& stored) -> std::optional<error_info> {
         try {
-          const auto state = stored.get<pre_state>();
-          result.emplace(std::invoke(rpc, a, state));
+          state.emplace(stored.get<pre_state>());
+          result.emplace(std::invoke(rpc, a, std::as_const(*state)));
         } catch (...) {
           result.emplace(classify(std::current_exception(), policy));
         }
@@ -177,7 +181,13 @@ response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& pos
         return result->error();
       },
       [&](tx& t, const attempt& a) -> response {
-        return std::invoke(post, t, a, std::as_const(*result));
+        if constexpr (std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&,
+                                          const outcome_t&>) {
+          if (!state) throw storage_error::permanent("the stored Pre-RPC result does not parse");
+          return std::invoke(post, t, a, std::as_const(*state), std::as_const(*result));
+        } else {
+          return std::invoke(post, t, a, std::as_const(*result));
+        }
       }};
   return run(id, p, options);
 }

@@ -1,0 +1,192 @@
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
+
+#include "orpheus/beast/server.hpp"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace orpheus::beast {
+
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
+
+http_response make_response(unsigned status, std::string body, std::string content_type) {
+  http_response r{static_cast<http::status>(status), 11};
+  r.set(http::field::content_type, content_type);
+  r.body() = std::move(body);
+  r.prepare_payload();
+  return r;
+}
+
+http_response drop_connection() {
+  http_response r;
+  r.result(static_cast<unsigned>(0));  // not a status any handler sends
+  return r;
+}
+
+namespace {
+
+class session : public std::enable_shared_from_this<session> {
+ public:
+  session(tcp::socket&& socket, const server_options& o, handler& h)
+      : stream_(std::move(socket)), options_(o), handler_(h) {}
+
+  void run() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+  }
+
+  void close() {
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      boost::beast::error_code ec;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+      self->stream_.close();
+    });
+  }
+
+ private:
+  void read() {
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(options_.header_limit));
+    parser_->body_limit(options_.body_limit);
+    stream_.expires_after(options_.read_timeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
+                       self->on_read(ec);
+                     });
+  }
+
+  void on_read(boost::beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == net::error::operation_aborted ||
+        ec == boost::beast::error::timeout || ec == net::error::connection_reset ||
+        ec == net::error::eof) {
+      return shutdown();
+    }
+    if (ec) {  // refuse and close: the stream is out of sync after a bad request
+      unsigned status = 400;
+      if (ec == http::error::body_limit) status = 413;
+      if (ec == http::error::header_limit) status = 431;
+      auto r = make_response(status, ec.message() + "\n");
+      r.keep_alive(false);
+      return write(std::move(r));
+    }
+    http_request req = parser_->release();
+    const bool keep_alive = req.keep_alive();
+    // The handler may answer later from another thread: hop back onto this
+    // connection's strand to write.
+    handler_(std::move(req), [self = shared_from_this(), keep_alive](http_response r) {
+      r.keep_alive(keep_alive && r.keep_alive());
+      net::post(self->stream_.get_executor(),
+                [self, r = std::move(r)]() mutable { self->write(std::move(r)); });
+    });
+  }
+
+  void write(http_response r) {
+    if (r.result_int() == 0) {  // drop_connection(): no answer at all
+      boost::beast::error_code ec;
+      stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+      stream_.close();
+      return;
+    }
+    auto res = std::make_shared<http_response>(std::move(r));
+    res->prepare_payload();
+    stream_.expires_after(options_.read_timeout);
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res](boost::beast::error_code ec, std::size_t) {
+                        if (ec || !res->keep_alive()) return self->shutdown();
+                        self->read();
+                      });
+  }
+
+  void shutdown() {
+    boost::beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  }
+
+  boost::beast::tcp_stream stream_;
+  boost::beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  const server_options& options_;
+  handler& handler_;
+};
+
+}  // namespace
+
+struct server::impl : std::enable_shared_from_this<server::impl> {
+  server_options options;
+  handler on_request;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> threads;
+  std::mutex mutex;
+  std::vector<std::weak_ptr<session>> sessions;
+  bool stopped = false;
+
+  void accept() {
+    acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](
+                                                     boost::beast::error_code ec, tcp::socket s) {
+      if (ec) return;  // closed by stop()
+      auto sess = std::make_shared<session>(std::move(s), self->options, self->on_request);
+      {
+        std::lock_guard lock(self->mutex);
+        std::erase_if(self->sessions, [](const auto& w) { return w.expired(); });
+        self->sessions.push_back(sess);
+      }
+      sess->run();
+      self->accept();
+    });
+  }
+};
+
+server::server(server_options options, handler h) : impl_(std::make_shared<impl>()) {
+  impl_->options = std::move(options);
+  impl_->on_request = std::move(h);
+  boost::beast::error_code ec;
+  const tcp::endpoint ep{net::ip::make_address(impl_->options.address, ec), impl_->options.port};
+  if (ec) throw std::runtime_error("server: bad address " + impl_->options.address);
+  impl_->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl_->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl_->acceptor.bind(ep, ec);
+  if (!ec) impl_->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    throw std::runtime_error("server: cannot listen on port " + std::to_string(ep.port()) + ": " +
+                             ec.message());
+}
+
+server::~server() { stop(); }
+
+unsigned short server::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void server::start() {
+  impl_->accept();
+  const auto n = std::max<std::size_t>(1, impl_->options.io_threads);
+  for (std::size_t i = 0; i < n; ++i) impl_->threads.emplace_back([i = impl_] { i->ioc.run(); });
+}
+
+void server::stop() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+    for (auto& w : impl_->sessions) {
+      if (auto s = w.lock()) s->close();
+    }
+  }
+  net::post(impl_->ioc, [i = impl_] {
+    boost::beast::error_code ec;
+    i->acceptor.close(ec);
+  });
+  // Let queued writes and closes run, then stop the loop.
+  net::post(impl_->ioc, [i = impl_] { i->ioc.stop(); });
+  for (auto& t : impl_->threads) t.join();
+  impl_->threads.clear();
+}
+
+}  // namespace orpheus::beast

@@ -1,0 +1,161 @@
+// A downstream bank over HTTP, with the faults that make payments hard.
+// See --help. Its ledger answers "was this payment charged twice?".
+#include <csignal>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "../common/flags.hpp"
+#include "orpheus/beast/server.hpp"
+#include "orpheus/beast/work_pool.hpp"
+
+namespace {
+
+constexpr const char* usage = R"(bank_simulator: a fake payment gateway with fault injection
+
+Usage: bank_simulator [flags]
+  --port N            listen on 127.0.0.1:N (default 0: any free port)
+  --latency-ms N      delay before answering each charge (default 0)
+  --fail-rate R       share of charges answered 503 BEFORE charging (default 0)
+  --drop-rate R       share of charges whose answer is dropped AFTER charging:
+                      the connection closes with no response (default 0)
+  --decline-rate R    share of charges declined with 402, card_declined (default 0)
+  --seed N            random seed (default 1)
+
+Prints "listening on PORT" once ready; stops on SIGTERM or SIGINT.
+
+API
+  POST /charges        Idempotency-Key: K (required); body {"amount": 1250,
+                       "currency": "EUR", "reference": "pay_..."}
+                       201 {"charge_id", "status": "charged"}; the same K again
+                       answers the first outcome (200) without charging again;
+                       402 {"status": "declined"}; 503 before charging
+  GET /charges/K       what became of key K: 200 as above, or 404 if never seen
+  GET /ledger          {"charges": charges made, "keys": distinct keys,
+                        "references": distinct references charged,
+                        "double_charges": references charged more than once}
+)";
+
+namespace http = boost::beast::http;
+using orpheus::beast::http_request;
+using orpheus::beast::http_response;
+using orpheus::beast::make_response;
+
+struct outcome {
+  int status;
+  nlohmann::json body;
+};
+
+class bank {
+ public:
+  bank(double fail, double drop, double decline, std::uint64_t seed)
+      : fail_(fail), drop_(drop), decline_(decline), rng_(seed) {}
+
+  http_response charge(const http_request& req) {
+    const auto key_field = req.find("Idempotency-Key");
+    if (key_field == req.end() || key_field->value().empty()) {
+      return make_response(400, R"({"error":"missing Idempotency-Key"})", "application/json");
+    }
+    const std::string key(key_field->value());
+    const auto body = nlohmann::json::parse(req.body(), nullptr, false);
+    if (body.is_discarded() || !body.contains("amount") || !body["amount"].is_number_integer() ||
+        !body.contains("reference") || !body["reference"].is_string()) {
+      return make_response(400, R"({"error":"bad charge request"})", "application/json");
+    }
+    std::lock_guard lock(m_);
+    if (auto it = by_key_.find(key); it != by_key_.end()) {  // deduplicated by key
+      return make_response(it->second.status == 201 ? 200 : it->second.status,
+                           it->second.body.dump(), "application/json");
+    }
+    if (roll(fail_))
+      return make_response(503, R"({"error":"bank unavailable"})", "application/json");
+    if (roll(decline_)) {
+      outcome o{402, {{"status", "declined"}, {"error", "card_declined"}}};
+      by_key_[key] = o;
+      return make_response(402, o.body.dump(), "application/json");
+    }
+    const std::string reference = body["reference"];
+    const std::string charge_id = "ch_" + std::to_string(++charges_);
+    ++charged_refs_[reference];
+    outcome o{201, {{"charge_id", charge_id}, {"status", "charged"}, {"amount", body["amount"]}}};
+    by_key_[key] = o;
+    if (roll(drop_)) return orpheus::beast::drop_connection();  // charged, answer lost
+    return make_response(201, o.body.dump(), "application/json");
+  }
+
+  http_response status(const std::string& key) {
+    std::lock_guard lock(m_);
+    const auto it = by_key_.find(key);
+    if (it == by_key_.end())
+      return make_response(404, R"({"status":"unknown"})", "application/json");
+    return make_response(200, it->second.body.dump(), "application/json");
+  }
+
+  http_response ledger() {
+    std::lock_guard lock(m_);
+    int doubles = 0;
+    for (const auto& [ref, n] : charged_refs_) doubles += n > 1 ? 1 : 0;
+    const nlohmann::json j{{"charges", charges_},
+                           {"keys", by_key_.size()},
+                           {"references", charged_refs_.size()},
+                           {"double_charges", doubles}};
+    return make_response(200, j.dump(), "application/json");
+  }
+
+ private:
+  bool roll(double rate) { return rate > 0 && std::uniform_real_distribution<>(0, 1)(rng_) < rate; }
+
+  std::mutex m_;
+  double fail_, drop_, decline_;
+  std::mt19937_64 rng_;
+  std::map<std::string, outcome> by_key_;
+  std::map<std::string, int> charged_refs_;
+  long charges_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  examples::flags f(argc, argv, usage);
+  const auto port = f.num("port", 0);
+  const auto latency = std::chrono::milliseconds(f.num("latency-ms", 0));
+  bank b(f.real("fail-rate", 0), f.real("drop-rate", 0), f.real("decline-rate", 0),
+         static_cast<std::uint64_t>(f.num("seed", 1)));
+  f.done();
+  if (port < 0 || port > 65535) f.fail("--port out of range");
+
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // before any thread starts
+
+  orpheus::beast::work_pool pool(8, 1024);  // latency must not block the io thread
+  orpheus::beast::server_options options;
+  options.port = static_cast<unsigned short>(port);
+  orpheus::beast::server s(options, [&](http_request&& req, orpheus::beast::responder respond) {
+    auto work = [&b, latency, req = std::move(req), respond] {
+      const std::string target(req.target());
+      if (req.method() == http::verb::post && target == "/charges") {
+        std::this_thread::sleep_for(latency);
+        return respond(b.charge(req));
+      }
+      if (req.method() == http::verb::get && target.rfind("/charges/", 0) == 0) {
+        return respond(b.status(target.substr(9)));
+      }
+      if (req.method() == http::verb::get && target == "/ledger") return respond(b.ledger());
+      respond(make_response(404, "not found\n"));
+    };
+    if (!pool.try_submit(work)) respond(make_response(503, R"({"error":"busy"})"));
+  });
+  s.start();
+  std::cout << "listening on " << s.port() << std::endl;
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  s.stop();
+  return 0;
+}

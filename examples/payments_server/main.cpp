@@ -1,0 +1,416 @@
+// A payments service in front of a bank, made idempotent with Orpheus.
+// See --help.
+#include <csignal>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "../common/flags.hpp"
+#include "orpheus/beast/client.hpp"
+#include "orpheus/beast/middleware.hpp"
+#include "orpheus/beast/server.hpp"
+#include "orpheus/store/mysql.hpp"
+#include "orpheus/store/sqlite.hpp"
+
+namespace {
+
+constexpr const char* usage = R"(payments_server: POST /v1/payments, made idempotent with Orpheus
+
+Usage: payments_server --bank URL [flags]
+  --port N              listen on 127.0.0.1:N (default 0: any free port)
+  --store S             sqlite:PATH (default sqlite:payments.db), or a MySQL
+                        shard URL mysql://user:pass@host:port/db; repeat the
+                        flag (or separate with commas) for several shards
+  --bank URL            the bank, e.g. http://127.0.0.1:9000 (required)
+  --lease-ms N          lease of an attempt on a key (default 10000)
+  --rpc-timeout-ms N    deadline of the bank call, < lease (default 5000)
+  --wait-ms N           wait this long for a concurrent attempt on the same key
+                        instead of answering 409 at once (default 0)
+  --workers N           threads for database and bank work (default 8)
+  --queue N             requests queued for them before 503 (default 256)
+
+Prints "listening on PORT" once ready; SIGTERM or SIGINT stops it cleanly.
+
+API (the caller is identified by the X-Client-Id header)
+  POST /v1/payments     Idempotency-Key required; body JSON {"amount": 1250,
+                        "currency": "EUR", "customer": "cus_1"} or the same
+                        fields form-encoded. 201 with the payment; replays
+                        carry Idempotent-Replayed: true
+  GET /v1/payments/ID   the caller's payment, or 404
+  GET /healthz          200 ok
+  GET /metrics          Prometheus text format
+)";
+
+namespace http = boost::beast::http;
+using orpheus::beast::http_request;
+using orpheus::beast::http_response;
+using orpheus::beast::make_response;
+
+// ---- metrics ---------------------------------------------------------------
+
+class metrics {
+ public:
+  void observe(const http_request& req, const http_response& res, std::chrono::microseconds took) {
+    std::lock_guard lock(m_);
+    const bool replay = res.find("Idempotent-Replayed") != res.end();
+    std::string outcome = replay ? "replayed" : std::to_string(res.result_int() / 100) + "xx";
+    if (res.result_int() == 409) outcome = "conflict";
+    ++requests_[std::string(req.method_string()) + "\",outcome=\"" + outcome];
+    const double s = static_cast<double>(took.count()) / 1e6;
+    for (std::size_t i = 0; i < bounds_.size(); ++i) {
+      if (s <= bounds_[i]) ++buckets_[i];
+    }
+    ++count_;
+    sum_ += s;
+  }
+  void takeover() {
+    std::lock_guard lock(m_);
+    ++takeovers_;
+  }
+  std::string text() {
+    std::lock_guard lock(m_);
+    std::ostringstream o;
+    o << "# HELP payments_requests_total Requests answered, by method and outcome.\n"
+         "# TYPE payments_requests_total counter\n";
+    for (const auto& [k, n] : requests_)
+      o << "payments_requests_total{method=\"" << k << "\"} " << n << "\n";
+    o << "# HELP payments_lease_takeovers_total Attempts that took over an expired or retryable "
+         "key.\n"
+         "# TYPE payments_lease_takeovers_total counter\n"
+         "payments_lease_takeovers_total "
+      << takeovers_
+      << "\n"
+         "# HELP payments_request_duration_seconds Time to answer a request.\n"
+         "# TYPE payments_request_duration_seconds histogram\n";
+    for (std::size_t i = 0; i < bounds_.size(); ++i) {
+      o << "payments_request_duration_seconds_bucket{le=\"" << bounds_[i] << "\"} " << buckets_[i]
+        << "\n";
+    }
+    o << "payments_request_duration_seconds_bucket{le=\"+Inf\"} " << count_ << "\n"
+      << "payments_request_duration_seconds_sum " << sum_ << "\n"
+      << "payments_request_duration_seconds_count " << count_ << "\n";
+    return o.str();
+  }
+
+ private:
+  std::mutex m_;
+  std::map<std::string, long> requests_;
+  const std::vector<double> bounds_{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
+  std::vector<long> buckets_ = std::vector<long>(8);
+  long count_ = 0, takeovers_ = 0;
+  double sum_ = 0;
+};
+
+// ---- the payment -------------------------------------------------------------
+
+struct payment {
+  std::string id;
+  std::int64_t amount = 0;
+  std::string currency;
+  std::string customer;
+};
+void to_json(nlohmann::json& j, const payment& p) {
+  j = {{"id", p.id}, {"amount", p.amount}, {"currency", p.currency}, {"customer", p.customer}};
+}
+void from_json(const nlohmann::json& j, payment& p) {
+  j.at("id").get_to(p.id);
+  j.at("amount").get_to(p.amount);
+  j.at("currency").get_to(p.currency);
+  j.at("customer").get_to(p.customer);
+}
+
+std::string url_decode(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out += ' ';
+    } else if (s[i] == '%' && i + 2 < s.size() &&
+               std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+               std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+[[noreturn]] void bad_request(const std::string& why) {
+  throw orpheus::non_retryable_error("invalid_request", why, 400);
+}
+
+// The request body as a payment (JSON or form-encoded); 400 otherwise.
+payment parse_payment(const http_request& req) {
+  nlohmann::json j;
+  const std::string type(req[http::field::content_type]);
+  if (type.rfind("application/x-www-form-urlencoded", 0) == 0) {
+    std::string_view body = req.body();
+    while (!body.empty()) {
+      const auto amp = body.find('&');
+      const auto field = body.substr(0, amp);
+      body = amp == std::string_view::npos ? std::string_view{} : body.substr(amp + 1);
+      const auto eq = field.find('=');
+      if (eq == std::string_view::npos) bad_request("form field without '='");
+      j[url_decode(field.substr(0, eq))] = url_decode(field.substr(eq + 1));
+    }
+    if (j.contains("amount") && j["amount"].is_string()) {
+      const std::string a = j["amount"];
+      if (a.empty() || a.size() > 15 || a.find_first_not_of("0123456789") != std::string::npos) {
+        bad_request("amount must be a positive whole number of minor units");
+      }
+      j["amount"] = std::stoll(a);
+    }
+  } else if (type.rfind("application/json", 0) == 0) {
+    j = nlohmann::json::parse(req.body(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) bad_request("body is not a JSON object");
+  } else {
+    bad_request("Content-Type must be application/json or application/x-www-form-urlencoded");
+  }
+  payment p;
+  if (!j.contains("amount") || !j["amount"].is_number_integer() ||
+      j["amount"].get<std::int64_t>() <= 0) {
+    bad_request("amount must be a positive whole number of minor units");
+  }
+  p.amount = j["amount"];
+  if (!j.contains("currency") || !j["currency"].is_string() ||
+      j["currency"].get<std::string>().size() != 3) {
+    bad_request("currency must be a three-letter code");
+  }
+  p.currency = j["currency"];
+  if (!j.contains("customer") || !j["customer"].is_string() ||
+      j["customer"].get<std::string>().empty() || j["customer"].get<std::string>().size() > 64) {
+    bad_request("customer must be 1 to 64 characters");
+  }
+  p.customer = j["customer"];
+  return p;
+}
+
+std::string random_hex(std::size_t n) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char d[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) out += d[rng() & 0xF];
+  return out;
+}
+
+// ---- the bank call (the RPC phase) ------------------------------------------
+
+struct bank_client {
+  orpheus::beast::http_endpoint bank;
+
+  // Returns the charge id; throws classified errors.
+  std::string charge(const orpheus::attempt& a, const payment& p) const {
+    const std::string key = a.downstream_key("charge");
+    auto left = [&] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+          a.deadline() - std::chrono::steady_clock::now());
+    };
+    if (a.is_retry()) {  // ask first what became of the earlier attempt
+      http_request q{http::verb::get, "/charges/" + key, 11};
+      const auto res = call(q, left());
+      if (res.result_int() == 200) return outcome_of(res);
+      if (res.result_int() != 404) {
+        throw orpheus::retryable_error(
+            "bank_unavailable", "bank status query answered " + std::to_string(res.result_int()));
+      }
+    }
+    http_request req{http::verb::post, "/charges", 11};
+    req.set("Idempotency-Key", key);
+    req.set(http::field::content_type, "application/json");
+    req.body() =
+        nlohmann::json{{"amount", p.amount}, {"currency", p.currency}, {"reference", p.id}}.dump();
+    return outcome_of(call(req, left()));
+  }
+
+  http_response call(http_request req, std::chrono::milliseconds timeout) const {
+    if (timeout.count() <= 0)
+      throw orpheus::retryable_error("bank_timeout", "no time left for the bank call");
+    try {
+      return orpheus::beast::send(bank, std::move(req), timeout);
+    } catch (const orpheus::beast::transport_error& e) {
+      // Connect failures, timeouts and resets: the charge may or may not have
+      // happened. Retryable; the retry asks the bank first.
+      throw orpheus::retryable_error("bank_unreachable", e.what(), 502);
+    }
+  }
+
+  static std::string outcome_of(const http_response& res) {
+    const auto body = nlohmann::json::parse(res.body(), nullptr, false);
+    const int status = static_cast<int>(res.result_int());
+    if ((status == 200 || status == 201) && !body.is_discarded() &&
+        body.value("status", "") == "charged") {
+      return body.value("charge_id", "");
+    }
+    if (status == 402 || (!body.is_discarded() && body.value("status", "") == "declined")) {
+      throw orpheus::non_retryable_error("card_declined", "the bank declined the charge", 402);
+    }
+    if (status >= 500) {
+      throw orpheus::retryable_error("bank_unavailable", "bank answered " + std::to_string(status),
+                                     502);
+    }
+    throw orpheus::non_retryable_error("bank_rejected", "bank answered " + std::to_string(status),
+                                       502);
+  }
+};
+
+std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& specs) {
+  std::vector<std::string> parts;
+  for (const auto& s : specs) {
+    std::stringstream ss(s);
+    for (std::string p; std::getline(ss, p, ',');) {
+      if (!p.empty()) parts.push_back(p);
+    }
+  }
+  if (parts.empty()) parts.push_back("sqlite:payments.db");
+  if (parts.size() == 1 && parts[0].rfind("sqlite:", 0) == 0) {
+    return std::make_unique<orpheus::sqlite_store>(orpheus::sqlite_options{parts[0].substr(7)});
+  }
+  orpheus::mysql_options o;
+  for (const auto& p : parts) o.shards.push_back(orpheus::parse_mysql_url(p));
+  return std::make_unique<orpheus::mysql_store>(o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  examples::flags f(argc, argv, usage);
+  const long port = f.num("port", 0);
+  const auto store_specs = f.all("store");
+  const std::string bank_url = f.str("bank", "");
+  orpheus::config cfg;
+  cfg.lease = std::chrono::milliseconds(f.num("lease-ms", 10000));
+  cfg.rpc_timeout = std::chrono::milliseconds(f.num("rpc-timeout-ms", 5000));
+  const auto wait = std::chrono::milliseconds(f.num("wait-ms", 0));
+  const long workers = f.num("workers", 8);
+  const long queue = f.num("queue", 256);
+  f.done();
+  if (bank_url.empty()) f.fail("--bank is required");
+  if (port < 0 || port > 65535 || workers < 1 || queue < 1)
+    f.fail("--port, --workers or --queue out of range");
+
+  try {
+    bank_client bank{orpheus::beast::parse_http_url(bank_url)};
+    auto store = open_store(store_specs);
+    store->migrate();
+    for (std::size_t s = 0; s < store->shard_count(); ++s) {
+      auto t = store->begin_on_shard(s);
+      t->execute(
+          "CREATE TABLE IF NOT EXISTS payments (id VARCHAR(64) PRIMARY KEY, "
+          "client VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, currency CHAR(3) NOT NULL, "
+          "customer VARCHAR(64) NOT NULL, state VARCHAR(32) NOT NULL, charge_id VARCHAR(64))");
+      t->commit();
+    }
+    orpheus::manager manager(*store, cfg);  // refuses rpc_timeout >= lease
+
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // before any thread starts
+
+    metrics stats;
+    orpheus::beast::work_pool pool(static_cast<std::size_t>(workers),
+                                   static_cast<std::size_t>(queue));
+    orpheus::beast::middleware_options mw_options;
+    mw_options.scope = [](const http_request& req) -> std::optional<std::string> {
+      const auto id = req["X-Client-Id"];  // stands in for real authentication
+      if (id.empty()) return std::nullopt;
+      return "client:" + std::string(id);
+    };
+    mw_options.wait.wait_for = wait;
+    mw_options.observe = [&](const http_request& req, const http_response& res,
+                             std::chrono::microseconds took) { stats.observe(req, res, took); };
+    orpheus::beast::middleware mw(manager, pool, std::move(mw_options));
+
+    auto on_request = [&](http_request&& req, orpheus::beast::responder respond) {
+      const std::string target(req.target());
+      if (req.method() == http::verb::post && target == "/v1/payments") {
+        const std::string client(req["X-Client-Id"]);
+        mw.handle(
+            std::move(req), respond,
+            [&store, client](orpheus::tx& tx, const http_request& r) {  // Pre-RPC
+              payment p = parse_payment(r);
+              // The payment id names its shard, so GET can find it.
+              p.id = "pay_" + std::to_string(tx.shard()) + "_" + random_hex(20);
+              tx.execute(
+                  "INSERT INTO payments (id, client, amount, currency, customer, state) "
+                  "VALUES (?, ?, ?, ?, ?, 'pending')",
+                  p.id, client, p.amount, p.currency, p.customer);
+              return p;
+            },
+            [&](const orpheus::attempt& a, const payment& p) {  // RPC
+              if (a.is_retry()) stats.takeover();
+              return bank.charge(a, p);
+            },
+            [](orpheus::tx& tx, const orpheus::attempt&, const payment& p,
+               const orpheus::outcome<std::string>& o) {  // Post-RPC
+              if (!o.ok()) {
+                tx.execute("UPDATE payments SET state = ? WHERE id = ?",
+                           o.retryable() ? "pending" : o.error().code, p.id);
+                return orpheus::problem_response(o.error());
+              }
+              tx.execute("UPDATE payments SET state = 'succeeded', charge_id = ? WHERE id = ?",
+                         o.value(), p.id);
+              nlohmann::json body = p;
+              body["status"] = "succeeded";
+              body["charge_id"] = o.value();
+              return orpheus::response{201, {{"Content-Type", "application/json"}}, body.dump()};
+            });
+        return;
+      }
+      if (req.method() == http::verb::get && target.rfind("/v1/payments/", 0) == 0) {
+        return mw.run_blocking(std::move(req), respond, [&store](const http_request& r) {
+          const std::string id = std::string(r.target()).substr(13);
+          const std::string client(r["X-Client-Id"]);
+          std::size_t shard = 0;
+          if (id.rfind("pay_", 0) == 0) shard = std::strtoul(id.c_str() + 4, nullptr, 10);
+          if (client.empty() || shard >= store->shard_count()) {
+            return make_response(404, R"({"error":"not found"})", "application/json");
+          }
+          auto t = store->begin_on_shard(shard);
+          // Scoped to the caller: another client's payment is "not found".
+          const auto rows = t->query(
+              "SELECT id, amount, currency, customer, state, charge_id "
+              "FROM payments WHERE id = ? AND client = ?",
+              id, client);
+          t->commit();
+          if (rows.empty())
+            return make_response(404, R"({"error":"not found"})", "application/json");
+          const auto& row = rows[0];
+          nlohmann::json j{{"id", row.get<std::string>(0)},
+                           {"amount", row.get<std::int64_t>(1)},
+                           {"currency", row.get<std::string>(2)},
+                           {"customer", row.get<std::string>(3)},
+                           {"status", row.get<std::string>(4)},
+                           {"charge_id", row.is_null(5) ? "" : row.get<std::string>(5)}};
+          return make_response(200, j.dump(), "application/json");
+        });
+      }
+      if (req.method() == http::verb::get && target == "/healthz")
+        return respond(make_response(200, "ok\n"));
+      if (req.method() == http::verb::get && target == "/metrics") {
+        return respond(make_response(200, stats.text(), "text/plain; version=0.0.4"));
+      }
+      respond(make_response(404, "not found\n"));
+    };
+
+    orpheus::beast::server_options server_options;
+    server_options.port = static_cast<unsigned short>(port);
+    server_options.io_threads = 2;
+    orpheus::beast::server server(server_options, on_request);
+    server.start();
+    std::cout << "listening on " << server.port() << std::endl;
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::cerr << "payments_server: stopping\n";
+    server.stop();  // no new requests; the pool finishes the ones in flight
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "payments_server: " << e.what() << "\n";
+    return 1;
+  }
+}
