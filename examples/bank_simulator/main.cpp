@@ -24,6 +24,9 @@ Usage: bank_simulator [flags]
   --drop-rate R       share of charges whose answer is dropped AFTER charging:
                       the connection closes with no response (default 0)
   --decline-rate R    share of charges declined with 402, card_declined (default 0)
+  --hold-after-charge-ms N
+                      after charging, wait N ms before answering (default 0): the
+                      window in which a crashed caller has charged but not recorded
   --seed N            random seed (default 1)
 
 Prints "listening on PORT" once ready; stops on SIGTERM or SIGINT.
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
   examples::flags f(argc, argv, usage);
   const auto port = f.num("port", 0);
   const auto latency = std::chrono::milliseconds(f.num("latency-ms", 0));
+  const auto hold = std::chrono::milliseconds(f.num("hold-after-charge-ms", 0));
   bank b(f.real("fail-rate", 0), f.real("drop-rate", 0), f.real("decline-rate", 0),
          static_cast<std::uint64_t>(f.num("seed", 1)));
   f.done();
@@ -138,11 +142,13 @@ int main(int argc, char** argv) {
   orpheus::beast::server_options options;
   options.port = static_cast<unsigned short>(port);
   orpheus::beast::server s(options, [&](http_request&& req, orpheus::beast::responder respond) {
-    auto work = [&b, latency, req = std::move(req), respond] {
+    auto work = [&b, latency, hold, req = std::move(req), respond] {
       const std::string target(req.target());
       if (req.method() == http::verb::post && target == "/charges") {
         std::this_thread::sleep_for(latency);
-        return respond(b.charge(req));
+        auto answer = b.charge(req);
+        if (answer.result_int() == 201) std::this_thread::sleep_for(hold);
+        return respond(std::move(answer));
       }
       if (req.method() == http::verb::get && target.rfind("/charges/", 0) == 0) {
         return respond(b.status(target.substr(9)));

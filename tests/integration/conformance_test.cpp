@@ -471,6 +471,26 @@ TEST_P(Conformance, ThrowingPostRpcRollsBackItsWritesAndLeavesTheKeyRetryable) {
   EXPECT_EQ(app_amount("post-" + scope_), 7);
 }
 
+TEST_P(Conformance, PostRpcCanTakeThePreRpcResultEvenWhenTheRpcFailed) {
+  manager m(*store_);
+  std::vector<std::string> seen;
+  auto run = [&](bool fail) {
+    return m.process(
+        id(fail ? "declined" : "charged"), [](tx&) { return payment{"pay-7", 700}; },
+        [&](const attempt&, const payment&) -> std::string {
+          if (fail) throw non_retryable_error("card_declined", "no", 402);
+          return "ch_1";
+        },
+        [&](tx&, const attempt&, const payment& p, const outcome<std::string>& o) {
+          seen.push_back(p.id + ":" + (o.ok() ? o.value() : o.error().code));
+          return response{o.ok() ? 201 : 402, {}, p.id};
+        });
+  };
+  EXPECT_EQ(run(false).status, 201);
+  EXPECT_EQ(run(true).status, 402);
+  EXPECT_EQ(seen, (std::vector<std::string>{"pay-7:ch_1", "pay-7:card_declined"}));
+}
+
 TEST_P(Conformance, OneKeyInTwoScopesIsTwoRequests) {
   manager m(*store_);
   counters c;

@@ -1,0 +1,275 @@
+// HTTP-level tests on real sockets: the payments server and the bank
+// simulator run as processes on loopback, on SQLite and on MariaDB.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <barrier>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "orpheus/beast/client.hpp"
+#include "support/backends.hpp"
+#include "support/process.hpp"
+
+namespace orpheus {
+namespace {
+
+namespace http = boost::beast::http;
+using beast::http_request;
+using beast::http_response;
+
+// A child program that prints "listening on PORT" when ready.
+struct service {
+  std::unique_ptr<test::child_process> proc;
+  unsigned short port = 0;
+
+  void start(std::vector<std::string> argv) {
+    proc = std::make_unique<test::child_process>(std::move(argv));
+    const auto line = proc->read_line(std::chrono::seconds(30)).value_or("");
+    ASSERT_EQ(line.rfind("listening on ", 0), 0U) << "got: " << line;
+    port = static_cast<unsigned short>(std::stoi(line.substr(13)));
+  }
+};
+
+class Http : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("orpheus-http-" + test::random_hex());
+    std::filesystem::create_directories(dir_);
+    if (GetParam() == "sqlite") {
+      store_ = "sqlite:" + (dir_ / "payments.db").string();
+    } else {
+      const auto urls = test::mysql_urls();
+      ASSERT_FALSE(urls.empty()) << "ORPHEUS_TEST_MYSQL is not set; run scripts/test";
+      store_ = urls[0];
+    }
+    client_ = "client-" + test::random_hex(4);
+  }
+  void TearDown() override {
+    payments_.proc.reset();
+    bank_.proc.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void start_bank(std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/bank_simulator"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    bank_.start(argv);
+  }
+  void start_payments(std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_server", "--store", store_,
+                                  "--bank", "http://127.0.0.1:" + std::to_string(bank_.port)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    payments_.start(argv);
+  }
+
+  http_response send(unsigned short port, http_request req,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    return beast::send({"127.0.0.1", port}, std::move(req), timeout);
+  }
+
+  http_response pay(const std::string& key, std::int64_t amount, const std::string& client = "",
+                    const std::string& content_type = "application/json") {
+    http_request req{http::verb::post, "/v1/payments", 11};
+    req.set("X-Client-Id", client.empty() ? client_ : client);
+    if (!key.empty()) req.set("Idempotency-Key", key);
+    req.set(http::field::content_type, content_type);
+    req.body() =
+        content_type == "application/json"
+            ? nlohmann::json{{"amount", amount}, {"currency", "EUR"}, {"customer", "c1"}}.dump()
+            : "amount=" + std::to_string(amount) + "&currency=EUR&customer=c1";
+    return send(payments_.port, std::move(req));
+  }
+
+  nlohmann::json ledger() {
+    return nlohmann::json::parse(
+        send(bank_.port, http_request{http::verb::get, "/ledger", 11}).body());
+  }
+
+  // A client that retries one payment until it has a final answer, honouring
+  // Retry-After, as the client helper will.
+  http_response pay_until_answered(const std::string& key, std::int64_t amount) {
+    for (int i = 0; i < 200; ++i) {
+      try {
+        auto res = pay(key, amount);
+        const auto status = res.result_int();
+        if (status != 409 && status < 500) return res;
+        const auto after = res[http::field::retry_after];
+        std::this_thread::sleep_for(after.empty() ? std::chrono::milliseconds(50)
+                                                  : std::chrono::milliseconds(200));
+      } catch (const beast::transport_error&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    ADD_FAILURE() << "no final answer for " << key;
+    return {};
+  }
+
+  std::filesystem::path dir_;
+  std::string store_, client_;
+  service bank_, payments_;
+};
+
+TEST_P(Http, SixtyFourParallelRequestsWithOneKeyChargeOnceAndAgree) {
+  start_bank({"--latency-ms", "100"});
+  start_payments({"--workers", "16"});
+  constexpr int n = 64;
+  std::barrier go(n);
+  std::vector<std::string> bodies(n);
+  std::vector<unsigned> statuses(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      go.arrive_and_wait();
+      const auto res = pay_until_answered("same-key", 1250);
+      statuses[i] = res.result_int();
+      bodies[i] = res.body();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ledger()["charges"], 1);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(statuses[i], 201U);
+    EXPECT_EQ(bodies[i], bodies[0]);
+  }
+}
+
+TEST_P(Http, ClientErrorsAndConflictsGetTheirStatuses) {
+  start_bank({"--latency-ms", "1500"});
+  start_payments();
+  // 400: missing key, over-long key.
+  auto missing = pay("", 100);
+  EXPECT_EQ(missing.result_int(), 400U);
+  EXPECT_EQ(missing[http::field::content_type], "application/problem+json");
+  EXPECT_EQ(nlohmann::json::parse(missing.body())["retryable"], false);
+  EXPECT_EQ(pay(std::string(300, 'k'), 100).result_int(), 400U);
+  // 400: invalid body (nothing recorded: the same key then works).
+  EXPECT_EQ(pay("k-body", -5).result_int(), 400U);
+  // 409 while another request holds the key, with Retry-After.
+  std::thread first([&] { EXPECT_EQ(pay("k-409", 100).result_int(), 201U); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto conflict = pay("k-409", 100);
+  first.join();
+  EXPECT_EQ(conflict.result_int(), 409U);
+  EXPECT_FALSE(conflict[http::field::retry_after].empty());
+  EXPECT_EQ(nlohmann::json::parse(conflict.body())["retryable"], true);
+  EXPECT_EQ(conflict["Idempotency-Key"], "k-409");
+  // 422: the key re-used with another payload.
+  const auto mismatch = pay("k-409", 999);
+  EXPECT_EQ(mismatch.result_int(), 422U);
+  EXPECT_EQ(nlohmann::json::parse(mismatch.body())["code"], "fingerprint_mismatch");
+  // 413: a body over the limit, refused before the handler.
+  http_request big{http::verb::post, "/v1/payments", 11};
+  big.set("X-Client-Id", client_);
+  big.set("Idempotency-Key", "k-big");
+  big.set(http::field::content_type, "application/json");
+  big.body() = std::string(200 * 1024, ' ') + "{}";
+  EXPECT_EQ(send(payments_.port, big).result_int(), 413U);
+  // Replays are byte for byte, flagged, and echo the key and its retention.
+  const auto again = pay("k-409", 100);
+  EXPECT_EQ(again.result_int(), 201U);
+  EXPECT_EQ(again["Idempotent-Replayed"], "true");
+  EXPECT_FALSE(again["Idempotency-Key-Retention"].empty());
+  EXPECT_EQ(ledger()["charges"], 1);
+}
+
+// Raw bytes on a socket: what no well-behaved client sends.
+std::string raw_exchange(unsigned short port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return "<connect failed>";
+  }
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+TEST_P(Http, MalformedRequestsAndOversizedHeadersAreRefusedWithoutHarm) {
+  start_bank();
+  start_payments();
+  EXPECT_EQ(raw_exchange(payments_.port, "NOT HTTP AT ALL\r\n\r\n").rfind("HTTP/1.1 400", 0), 0U);
+  EXPECT_EQ(raw_exchange(payments_.port, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                                             std::string(16 * 1024, 'a') + "\r\n\r\n")
+                .rfind("HTTP/1.1 431", 0),
+            0U);
+  EXPECT_EQ(raw_exchange(payments_.port, "POST /v1/payments HTTP/1.1\r\nContent-Length: 5\r\n\r\n")
+                .find("HTTP/1.1 2"),
+            std::string::npos);  // a truncated body never reaches the handler
+  // The server is unharmed.
+  EXPECT_EQ(send(payments_.port, http_request{http::verb::get, "/healthz", 11}).result_int(), 200U);
+  EXPECT_EQ(pay("after-garbage", 100).result_int(), 201U);
+}
+
+TEST_P(Http, ScopesAreIsolated) {
+  start_bank();
+  start_payments();
+  const auto a = pay("shared-key", 100, "alice-" + client_);
+  const auto b = pay("shared-key", 100, "bob-" + client_);
+  ASSERT_EQ(a.result_int(), 201U);
+  ASSERT_EQ(b.result_int(), 201U);
+  EXPECT_TRUE(b["Idempotent-Replayed"].empty());
+  const auto a_id = nlohmann::json::parse(a.body())["id"].get<std::string>();
+  const auto b_id = nlohmann::json::parse(b.body())["id"].get<std::string>();
+  EXPECT_NE(a_id, b_id);
+  EXPECT_EQ(ledger()["charges"], 2);
+  http_request mine{http::verb::get, "/v1/payments/" + a_id, 11};
+  mine.set("X-Client-Id", "alice-" + client_);
+  EXPECT_EQ(send(payments_.port, mine).result_int(), 200U);
+  http_request theirs{http::verb::get, "/v1/payments/" + a_id, 11};
+  theirs.set("X-Client-Id", "bob-" + client_);
+  EXPECT_EQ(send(payments_.port, theirs).result_int(), 404U);
+  // Bob re-sending his request gets his own recorded answer, never Alice's.
+  EXPECT_EQ(pay("shared-key", 100, "bob-" + client_).body(), b.body());
+}
+
+TEST_P(Http, ServerKilledAfterTheChargeBeforeTheRecordChargesOnce) {
+  start_bank({"--hold-after-charge-ms", "1000"});
+  const std::vector<std::string> fast_leases{"--lease-ms", "2000", "--rpc-timeout-ms", "1500"};
+  start_payments(fast_leases);
+  std::thread client([&] {
+    try {
+      pay("crash-key", 4200);
+    } catch (const beast::transport_error&) {  // the server died under us
+    }
+  });
+  // Wait until the bank has charged: the server is now between the charge and
+  // its record.
+  for (int i = 0; i < 100 && ledger()["charges"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(ledger()["charges"], 1);
+  payments_.proc->kill_hard();
+  client.join();
+
+  start_payments(fast_leases);  // same store, new process
+  const auto res = pay_until_answered("crash-key", 4200);
+  EXPECT_EQ(res.result_int(), 201U);
+  EXPECT_EQ(ledger()["charges"], 1) << "charged twice";
+  EXPECT_EQ(ledger()["double_charges"], 0);
+  const auto id = nlohmann::json::parse(res.body())["id"].get<std::string>();
+  http_request get{http::verb::get, "/v1/payments/" + id, 11};
+  get.set("X-Client-Id", client_);
+  const auto stored = send(payments_.port, get);
+  EXPECT_EQ(nlohmann::json::parse(stored.body())["status"], "succeeded");
+  EXPECT_EQ(pay("crash-key", 4200)["Idempotent-Replayed"], "true");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Http, testing::Values("sqlite", "mysql"), test::backend_name);
+
+}  // namespace
+}  // namespace orpheus
