@@ -75,6 +75,17 @@ std::string canonical_body(const http_request& req) {
 
 }  // namespace
 
+response record_of(const http_response& res) {
+  response r;
+  r.status = static_cast<int>(res.result_int());
+  for (const auto& field : res) {
+    if (field.name() == http::field::content_length) continue;  // recomputed on the way out
+    r.headers.emplace_back(std::string(sv(field.name_string())), std::string(sv(field.value())));
+  }
+  r.body = res.body();
+  return r;
+}
+
 middleware::middleware(manager& m, work_pool& pool, middleware_options options)
     : manager_(m), pool_(pool), options_(std::move(options)) {
   if (!options_.scope) throw config_error("middleware: a scope extractor is required");

@@ -61,6 +61,10 @@ struct middleware_options {
   std::function<void(const http_request&, const http_response&, std::chrono::microseconds)> observe;
 };
 
+/// A Beast response as Orpheus records it (status, headers in order, body),
+/// for handlers that already produce Beast responses.
+[[nodiscard]] response record_of(const http_response& res);
+
 class middleware {
  public:
   /// Throws config_error when options.scope is empty or key_header is empty.
