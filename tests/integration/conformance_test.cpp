@@ -476,7 +476,10 @@ TEST_P(Conformance, PostRpcCanTakeThePreRpcResultEvenWhenTheRpcFailed) {
   std::vector<std::string> seen;
   auto run = [&](bool fail) {
     return m.process(
-        id(fail ? "declined" : "charged"), [](tx&) { return payment{"pay-7", 700}; },
+        id(fail ? "declined" : "charged"),
+        [](tx&) {
+          return payment{"pay-7", 700};
+        },
         [&](const attempt&, const payment&) -> std::string {
           if (fail) throw non_retryable_error("card_declined", "no", 402);
           return "ch_1";

@@ -269,6 +269,24 @@ TEST_P(Http, ServerKilledAfterTheChargeBeforeTheRecordChargesOnce) {
   EXPECT_EQ(pay("crash-key", 4200)["Idempotent-Replayed"], "true");
 }
 
+TEST_P(Http, MetricsCountOutcomesAndSigtermStopsCleanly) {
+  start_bank();
+  start_payments();
+  EXPECT_EQ(pay("m-1", 100).result_int(), 201U);
+  EXPECT_EQ(pay("m-1", 100)["Idempotent-Replayed"], "true");
+  EXPECT_EQ(pay("", 100).result_int(), 400U);
+  const auto text = send(payments_.port, http_request{http::verb::get, "/metrics", 11}).body();
+  for (const auto* line :
+       {"payments_requests_total{method=\"POST\",outcome=\"2xx\"} 1",
+        "payments_requests_total{method=\"POST\",outcome=\"replayed\"} 1",
+        "payments_requests_total{method=\"POST\",outcome=\"4xx\"} 1",
+        "payments_lease_takeovers_total 0", "payments_request_duration_seconds_count 3"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  }
+  payments_.proc->signal(SIGTERM);
+  EXPECT_EQ(payments_.proc->wait(), 0) << "no clean exit on SIGTERM";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Http, testing::Values("sqlite", "mysql"), test::backend_name);
 
 }  // namespace

@@ -68,6 +68,8 @@ class child_process {
     }
   }
 
+  void signal(int sig) { ::kill(pid_, sig); }
+
   void kill_hard() {
     ::kill(pid_, SIGKILL);
     wait();
