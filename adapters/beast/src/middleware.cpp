@@ -204,7 +204,7 @@ void middleware::submit(std::function<void()> job, const responder& respond) {
   }
 }
 
-void middleware::run_blocking(http_request&& req, responder respond,
+void middleware::run_blocking(http_request&& req, const responder& respond,
                               std::function<http_response(const http_request&)> work) {
   auto job = [this, req = std::move(req), respond, work = std::move(work)] {
     try {

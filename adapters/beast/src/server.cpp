@@ -18,7 +18,7 @@ namespace net = boost::asio;
 namespace http = boost::beast::http;
 using tcp = net::ip::tcp;
 
-http_response make_response(unsigned status, std::string body, std::string content_type) {
+http_response make_response(unsigned status, std::string body, const std::string& content_type) {
   http_response r{static_cast<http::status>(status), 11};
   r.set(http::field::content_type, content_type);
   r.body() = std::move(body);

@@ -74,11 +74,11 @@ class middleware {
   /// with the library's guarantees. Pre receives the request:
   /// `pre(tx&, const http_request&) -> PreState`.
   template <class Pre, class Rpc, class Post>
-  void handle(http_request&& req, responder respond, Pre pre, Rpc rpc, Post post);
+  void handle(http_request&& req, const responder& respond, Pre pre, Rpc rpc, Post post);
 
   /// Runs other blocking work (a GET that reads the database) on the pool,
   /// with the same overload answer (503) when the queue is full.
-  void run_blocking(http_request&& req, responder respond,
+  void run_blocking(http_request&& req, const responder& respond,
                     std::function<http_response(const http_request&)> work);
 
   /// The request id of `req`, or the error response to send instead.
@@ -103,7 +103,7 @@ class middleware {
 };
 
 template <class Pre, class Rpc, class Post>
-void middleware::handle(http_request&& req, responder respond, Pre pre, Rpc rpc, Post post) {
+void middleware::handle(http_request&& req, const responder& respond, Pre pre, Rpc rpc, Post post) {
   const auto started = std::chrono::steady_clock::now();
   auto who = identify(req);
   if (auto* early = std::get_if<http_response>(&who)) {

@@ -36,8 +36,8 @@ struct server_options {
   std::string address = "127.0.0.1";
   unsigned short port = 0;  ///< 0: any free port (see server::port())
   std::size_t io_threads = 1;
-  std::size_t header_limit = 8 * 1024;
-  std::size_t body_limit = 64 * 1024;
+  std::size_t header_limit = std::size_t{8} * 1024;
+  std::size_t body_limit = std::size_t{64} * 1024;
   std::chrono::seconds read_timeout{30};
 };
 
@@ -48,7 +48,7 @@ http_response drop_connection();
 
 /// A response with a body and a Content-Type.
 http_response make_response(unsigned status, std::string body,
-                            std::string content_type = "text/plain");
+                            const std::string& content_type = "text/plain");
 
 class server {
  public:
