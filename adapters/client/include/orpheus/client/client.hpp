@@ -1,0 +1,129 @@
+// A retrying client for idempotent HTTP APIs (synchronous form; the Asio
+// coroutine form is in async.hpp).
+//
+//   orpheus::client::idempotent_client api(orpheus::beast::parse_http_url(url));
+//   const orpheus::client::prepared_request req(http::verb::post, "/v1/payments", body,
+//                                               {{"Content-Type", "application/json"}});
+//   const auto result = api.send(req);   // same key, same bytes on every attempt
+//   if (result.why == orpheus::client::stop_reason::answered) use(*result.response);
+//
+// One prepared_request is one logical request: its key (a UUIDv4 unless you
+// give one, see entity_key() and key_journal), headers and body are fixed when
+// it is made and cannot change between attempts. What is retried and how long
+// is retry.hpp's policy; the retry budget is shared by every call made through
+// one client. send() never throws for HTTP or network failures: the result
+// says what happened and why it stopped.
+//
+// Thread safety: a client may be used by several threads at once; it shares
+// its retry budget between them.
+#pragma once
+
+#include <boost/beast/http/verb.hpp>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "orpheus/beast/client.hpp"
+#include "orpheus/client/retry.hpp"
+
+namespace orpheus::client {
+
+using beast::http_endpoint;
+using beast::http_request;
+using beast::http_response;
+
+/// A logical request, fixed once.
+class prepared_request {
+ public:
+  prepared_request(boost::beast::http::verb method, std::string target, std::string body,
+                   std::vector<std::pair<std::string, std::string>> headers = {},
+                   std::string key = new_idempotency_key());
+
+  [[nodiscard]] const std::string& key() const noexcept { return key_; }
+  [[nodiscard]] const std::string& body() const noexcept { return body_; }
+  /// A fresh HTTP message for one attempt, carrying the key.
+  [[nodiscard]] http_request message(const std::string& key_header) const;
+
+ private:
+  boost::beast::http::verb method_;
+  std::string target_;
+  std::string body_;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  std::string key_;
+};
+
+enum class stop_reason {
+  answered,            ///< a final answer: 2xx, or a 4xx that is not retried
+  attempts_exhausted,  ///< the attempt cap was reached
+  deadline,            ///< the next wait would pass the overall deadline
+  budget_exhausted,    ///< the client's retry budget is spent (an outage)
+};
+
+/// What the per-attempt hook sees.
+struct attempt_info {
+  int number = 0;
+  std::string key;
+  error_kind kind = error_kind::none;
+  unsigned status = 0;                ///< 0 when no answer came
+  std::string error;                  ///< transport error text, if any
+  std::chrono::milliseconds wait{0};  ///< wait before the next attempt (0: none)
+};
+
+struct call_result {
+  std::optional<http_response> response;  ///< the last answer received, if any
+  int attempts = 0;
+  std::chrono::milliseconds elapsed{0};
+  bool replayed = false;  ///< the answer carried Idempotent-Replayed
+  stop_reason why = stop_reason::answered;
+  error_kind last_error = error_kind::none;
+  std::string key;
+};
+
+struct client_options {
+  retry_policy policy;
+  std::shared_ptr<retry_budget> budget = std::make_shared<retry_budget>();
+  std::string key_header = "Idempotency-Key";
+  clock time;
+  std::function<void(const attempt_info&)> on_attempt;
+};
+
+/// The retry decisions of one call, shared by the sync and async forms.
+class retry_loop {
+ public:
+  retry_loop(const client_options& o, const prepared_request& req);
+  /// The timeout of the next attempt (the attempt timeout, cut to what is
+  /// left of the deadline).
+  [[nodiscard]] std::chrono::milliseconds attempt_timeout() const;
+  /// Records an attempt's answer (or its transport failure); returns the
+  /// wait before the next attempt, or nullopt when the call is over.
+  std::optional<std::chrono::milliseconds> after(std::optional<http_response> res,
+                                                 std::optional<beast::transport_error> failure);
+  [[nodiscard]] call_result result() && { return std::move(result_); }
+
+ private:
+  const client_options& o_;
+  std::chrono::steady_clock::time_point started_;
+  call_result result_;
+  std::mt19937_64 rng_;
+};
+
+class idempotent_client {
+ public:
+  /// Throws std::invalid_argument on a bad policy or a missing budget.
+  explicit idempotent_client(http_endpoint server, client_options options = {});
+
+  /// Sends until a final answer or a stop; see call_result.
+  call_result send(const prepared_request& req);
+
+  [[nodiscard]] const http_endpoint& server() const noexcept { return server_; }
+  [[nodiscard]] const client_options& options() const noexcept { return options_; }
+
+ private:
+  http_endpoint server_;
+  client_options options_;
+};
+
+}  // namespace orpheus::client

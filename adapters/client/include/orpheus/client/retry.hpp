@@ -1,0 +1,113 @@
+// The client side of the Orpheus contract: what to retry, when, and how much.
+//
+//   orpheus::client::retry_policy policy;            // 5 attempts, 30 s, full jitter
+//   auto budget = std::make_shared<orpheus::client::retry_budget>();  // one per client
+//   const std::string key = orpheus::client::new_idempotency_key();   // UUIDv4
+//
+// What is retried (and why):
+//   network errors, timeouts  the request may or may not have arrived: only a
+//                             retry with the same key can find out
+//   409                       another attempt with this key is in progress
+//   429, 5xx except 501       the server is overloaded or failing; try later
+//   other 4xx, 501            never: the request will not succeed as sent
+// A server's Retry-After (seconds or an HTTP-date) is honoured as the least
+// wait. Waits grow exponentially with full jitter (a random wait between 0 and
+// the current backoff, as AWS's standard retry mode does), capped, and stop at
+// the attempt cap or the overall deadline. A retry_budget shared by all calls
+// of a client is spent by retries and refilled by successes, so a long outage
+// becomes a trickle of retries rather than a storm.
+//
+// Thread safety: retry_budget is thread-safe; the rest are values.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+
+namespace orpheus::client {
+
+/// A new idempotency key: a UUIDv4 from a cryptographic random source.
+[[nodiscard]] std::string new_idempotency_key();
+
+/// An entity-level key, for operations that must happen once per entity
+/// rather than once per request: entity_key("payment", "1234", "refund")
+/// is "payment-1234-refund". Throws std::invalid_argument on parts that are
+/// empty or not printable ASCII.
+[[nodiscard]] std::string entity_key(std::string_view entity, std::string_view id,
+                                     std::string_view action);
+
+/// What went wrong with one attempt (userver's error_kind, in small).
+enum class error_kind {
+  none,       ///< a final answer (2xx, or a 4xx that is not retried)
+  network,    ///< connect failure, reset, connection closed early
+  timeout,    ///< no complete answer in time
+  conflict,   ///< 409: another attempt with this key is in progress
+  throttled,  ///< 429
+  server,     ///< 5xx except 501
+};
+
+/// The kind of an HTTP status: conflict, throttled, server, or none (final).
+[[nodiscard]] error_kind kind_of_status(unsigned status) noexcept;
+
+/// True for the kinds a client retries.
+[[nodiscard]] constexpr bool retryable(error_kind k) noexcept { return k != error_kind::none; }
+
+/// Parses Retry-After: delta-seconds or an IMF-fixdate (RFC 9110). nullopt
+/// when it is neither; a date in the past is 0.
+[[nodiscard]] std::optional<std::chrono::milliseconds> parse_retry_after(
+    std::string_view value, std::chrono::system_clock::time_point now);
+
+struct retry_policy {
+  int max_attempts = 5;                              ///< the first one included
+  std::chrono::milliseconds base_delay{100};         ///< backoff before retry 1
+  std::chrono::milliseconds max_delay{5000};         ///< backoff cap
+  std::chrono::milliseconds deadline{30000};         ///< for the whole call
+  std::chrono::milliseconds attempt_timeout{10000};  ///< for one attempt
+};
+
+/// Throws std::invalid_argument on a policy that cannot work.
+void validate(const retry_policy& p);
+
+/// The wait before retry number `retry` (1 for the first retry): a uniform
+/// random value in [0, min(max_delay, base_delay * 2^(retry-1))], but never
+/// less than the server's Retry-After. `random01` returns values in [0, 1).
+[[nodiscard]] std::chrono::milliseconds backoff(
+    const retry_policy& p, int retry, std::optional<std::chrono::milliseconds> retry_after,
+    double random01);
+
+/// A token bucket of retries, shared by every call of one client (AWS SDK
+/// "retry quota"): a retry costs `retry_cost` (a timeout costs
+/// `timeout_cost`), a success returns `refund`, up to `capacity`.
+class retry_budget {
+ public:
+  explicit retry_budget(double capacity = 500, double retry_cost = 5, double timeout_cost = 10,
+                        double refund = 1);
+  /// Takes the cost of one retry of `kind`; false (nothing taken) when the
+  /// bucket cannot pay: stop retrying.
+  bool try_spend(error_kind kind);
+  void on_success();
+  [[nodiscard]] double tokens() const;
+
+ private:
+  mutable std::mutex m_;
+  double capacity_, tokens_, retry_cost_, timeout_cost_, refund_;
+};
+
+/// Time, injectable for tests: real time by default.
+struct clock {
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
+  std::function<std::chrono::system_clock::time_point()> wall_now = [] {
+    return std::chrono::system_clock::now();
+  };
+  std::function<void(std::chrono::milliseconds)> sleep;  ///< empty: really sleep
+  std::function<double()> random01;                      ///< empty: a seeded PRNG
+};
+
+}  // namespace orpheus::client

@@ -1,0 +1,122 @@
+#include "orpheus/client/client.hpp"
+
+#include <boost/beast/http.hpp>
+#include <stdexcept>
+#include <thread>
+
+namespace orpheus::client {
+
+namespace http = boost::beast::http;
+
+prepared_request::prepared_request(http::verb method, std::string target, std::string body,
+                                   std::vector<std::pair<std::string, std::string>> headers,
+                                   std::string key)
+    : method_(method),
+      target_(std::move(target)),
+      body_(std::move(body)),
+      headers_(std::move(headers)),
+      key_(std::move(key)) {
+  if (key_.empty() || key_.size() > 255)
+    throw std::invalid_argument("idempotency key: 1 to 255 bytes");
+  for (const char c : key_) {
+    if (c < 0x20 || c > 0x7E) throw std::invalid_argument("idempotency key: printable ASCII only");
+  }
+}
+
+http_request prepared_request::message(const std::string& key_header) const {
+  http_request req{method_, target_, 11};
+  for (const auto& [name, value] : headers_) req.set(name, value);
+  req.set(key_header, key_);
+  req.body() = body_;
+  req.prepare_payload();
+  return req;
+}
+
+retry_loop::retry_loop(const client_options& o, const prepared_request& req)
+    : o_(o), started_(o.time.now()), rng_(std::random_device{}()) {
+  result_.key = req.key();
+}
+
+std::chrono::milliseconds retry_loop::attempt_timeout() const {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      started_ + o_.policy.deadline - o_.time.now());
+  return std::max(std::chrono::milliseconds(1), std::min(o_.policy.attempt_timeout, left));
+}
+
+std::optional<std::chrono::milliseconds> retry_loop::after(
+    std::optional<http_response> res, std::optional<beast::transport_error> failure) {
+  ++result_.attempts;
+  attempt_info info;
+  info.number = result_.attempts;
+  info.key = result_.key;
+  std::optional<std::chrono::milliseconds> retry_after;
+  if (res) {
+    info.status = res->result_int();
+    info.kind = kind_of_status(info.status);
+    const auto ra = (*res)[http::field::retry_after];
+    if (!ra.empty())
+      retry_after = parse_retry_after(std::string_view(ra.data(), ra.size()), o_.time.wall_now());
+    result_.replayed = (*res)["Idempotent-Replayed"] == "true";
+    result_.response = std::move(res);
+  } else {
+    info.kind = failure && failure->error_kind() == beast::transport_error::kind::timeout
+                    ? error_kind::timeout
+                    : error_kind::network;
+    info.error = failure ? failure->what() : "no answer";
+  }
+  result_.last_error = info.kind;
+  result_.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(o_.time.now() - started_);
+
+  auto stop = [&](stop_reason why) -> std::optional<std::chrono::milliseconds> {
+    result_.why = why;
+    if (o_.on_attempt) o_.on_attempt(info);
+    return std::nullopt;
+  };
+  if (!retryable(info.kind)) {
+    o_.budget->on_success();
+    return stop(stop_reason::answered);
+  }
+  if (result_.attempts >= o_.policy.max_attempts) return stop(stop_reason::attempts_exhausted);
+  const double r =
+      o_.time.random01 ? o_.time.random01() : std::uniform_real_distribution<>(0, 1)(rng_);
+  info.wait = backoff(o_.policy, result_.attempts, retry_after, r);
+  if (o_.time.now() + info.wait >= started_ + o_.policy.deadline) {
+    info.wait = std::chrono::milliseconds(0);
+    return stop(stop_reason::deadline);
+  }
+  if (!o_.budget->try_spend(info.kind)) {
+    info.wait = std::chrono::milliseconds(0);
+    return stop(stop_reason::budget_exhausted);
+  }
+  if (o_.on_attempt) o_.on_attempt(info);
+  return info.wait;
+}
+
+idempotent_client::idempotent_client(http_endpoint server, client_options options)
+    : server_(std::move(server)), options_(std::move(options)) {
+  validate(options_.policy);
+  if (!options_.budget) throw std::invalid_argument("client_options: no retry budget");
+  if (options_.key_header.empty()) throw std::invalid_argument("client_options: empty key header");
+}
+
+call_result idempotent_client::send(const prepared_request& req) {
+  retry_loop loop(options_, req);
+  for (;;) {
+    std::optional<http_response> res;
+    std::optional<beast::transport_error> failure;
+    try {
+      res = beast::send(server_, req.message(options_.key_header), loop.attempt_timeout());
+    } catch (const beast::transport_error& e) {
+      failure = e;
+    }
+    const auto wait = loop.after(std::move(res), std::move(failure));
+    if (!wait) return std::move(loop).result();
+    if (options_.time.sleep) {
+      options_.time.sleep(*wait);
+    } else {
+      std::this_thread::sleep_for(*wait);
+    }
+  }
+}
+
+}  // namespace orpheus::client

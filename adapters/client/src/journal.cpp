@@ -1,0 +1,102 @@
+#include "orpheus/client/journal.hpp"
+
+#include <sqlite3.h>
+
+#include <mutex>
+
+#include "orpheus/client/retry.hpp"
+
+namespace orpheus::client {
+
+struct sqlite_key_journal::impl {
+  sqlite3* db = nullptr;
+  std::mutex m;  // one connection, used by one thread at a time
+
+  void exec(const char* sql) {
+    char* err = nullptr;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+      std::string msg = err ? err : "unknown error";
+      sqlite3_free(err);
+      throw std::runtime_error(std::string("key journal: ") + sql + ": " + msg);
+    }
+  }
+
+  // Runs one statement with text parameters; returns the first column of
+  // each row.
+  std::vector<std::string> run(const char* sql, std::initializer_list<std::string_view> params) {
+    sqlite3_stmt* s = nullptr;
+    if (sqlite3_prepare_v2(db, sql, -1, &s, nullptr) != SQLITE_OK) {
+      throw std::runtime_error(std::string("key journal: ") + sqlite3_errmsg(db));
+    }
+    int i = 1;
+    for (const auto p : params) {
+      sqlite3_bind_text64(s, i++, p.data(), p.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
+    }
+    std::vector<std::string> out;
+    int rc = 0;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+      const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+      out.emplace_back(t ? t : "");
+    }
+    sqlite3_finalize(s);
+    if (rc != SQLITE_DONE)
+      throw std::runtime_error(std::string("key journal: ") + sqlite3_errmsg(db));
+    return out;
+  }
+};
+
+sqlite_key_journal::sqlite_key_journal(const std::string& path) : impl_(std::make_unique<impl>()) {
+  if (sqlite3_open(path.c_str(), &impl_->db) != SQLITE_OK) {
+    const std::string msg = impl_->db ? sqlite3_errmsg(impl_->db) : "out of memory";
+    sqlite3_close(impl_->db);
+    throw std::runtime_error("key journal: cannot open " + path + ": " + msg);
+  }
+  sqlite3_busy_timeout(impl_->db, 5000);
+  impl_->exec("PRAGMA journal_mode=WAL");
+  impl_->exec("PRAGMA synchronous=FULL");  // a key must survive a crash once returned
+  impl_->exec(
+      "CREATE TABLE IF NOT EXISTS orpheus_client_keys (name TEXT PRIMARY KEY, idem_key TEXT NOT "
+      "NULL, payload TEXT NOT NULL, created TEXT NOT NULL DEFAULT (datetime('now')))");
+}
+
+sqlite_key_journal::~sqlite_key_journal() { sqlite3_close(impl_->db); }
+
+std::string sqlite_key_journal::key_for(std::string_view name, std::string_view payload) {
+  std::lock_guard lock(impl_->m);
+  impl_->exec("BEGIN IMMEDIATE");
+  try {
+    auto found = impl_->run(
+        "SELECT idem_key || ' ' || payload FROM orpheus_client_keys WHERE name = ?", {name});
+    std::string key;
+    if (!found.empty()) {
+      const auto space = found[0].find(' ');
+      key = found[0].substr(0, space);
+      if (found[0].substr(space + 1) != payload) {
+        throw payload_changed("key journal: '" + std::string(name) +
+                              "' was started with another payload; a logical request's payload "
+                              "can not change between attempts");
+      }
+    } else {
+      key = new_idempotency_key();
+      impl_->run("INSERT INTO orpheus_client_keys (name, idem_key, payload) VALUES (?, ?, ?)",
+                 {name, key, payload});
+    }
+    impl_->exec("COMMIT");
+    return key;
+  } catch (...) {
+    sqlite3_exec(impl_->db, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+void sqlite_key_journal::complete(std::string_view name) {
+  std::lock_guard lock(impl_->m);
+  impl_->run("DELETE FROM orpheus_client_keys WHERE name = ?", {name});
+}
+
+std::vector<std::string> sqlite_key_journal::pending() {
+  std::lock_guard lock(impl_->m);
+  return impl_->run("SELECT name FROM orpheus_client_keys ORDER BY created, rowid", {});
+}
+
+}  // namespace orpheus::client

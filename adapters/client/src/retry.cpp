@@ -1,0 +1,119 @@
+#include "orpheus/client/retry.hpp"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+
+namespace orpheus::client {
+
+std::string new_idempotency_key() {
+  std::array<unsigned char, 16> b{};
+  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
+    throw std::runtime_error("no cryptographic randomness for an idempotency key");
+  }
+  b[6] = static_cast<unsigned char>((b[6] & 0x0F) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3F) | 0x80);  // RFC 4122 variant
+  static constexpr char d[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += d[b[i] >> 4];
+    out += d[b[i] & 0xF];
+  }
+  return out;
+}
+
+std::string entity_key(std::string_view entity, std::string_view id, std::string_view action) {
+  std::string out;
+  for (const auto part : {entity, id, action}) {
+    if (part.empty()) throw std::invalid_argument("entity_key: empty part");
+    for (const char c : part) {
+      if (c <= 0x20 || c > 0x7E) throw std::invalid_argument("entity_key: not printable ASCII");
+    }
+    if (!out.empty()) out += '-';
+    out.append(part);
+  }
+  if (out.size() > 255) throw std::invalid_argument("entity_key: longer than 255 bytes");
+  return out;
+}
+
+error_kind kind_of_status(unsigned status) noexcept {
+  if (status == 409) return error_kind::conflict;
+  if (status == 429) return error_kind::throttled;
+  if (status >= 500 && status != 501) return error_kind::server;
+  return error_kind::none;
+}
+
+std::optional<std::chrono::milliseconds> parse_retry_after(
+    std::string_view v, std::chrono::system_clock::time_point now) {
+  while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+  while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+  if (v.empty()) return std::nullopt;
+  if (std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    if (v.size() > 9) return std::chrono::hours(24 * 365);  // absurd: clamp, do not overflow
+    return std::chrono::seconds(std::stol(std::string(v)));
+  }
+  // IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT".
+  std::tm tm{};
+  const std::string s(v);
+  const char* end = strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (end == nullptr || *end != '\0') return std::nullopt;
+  const auto at = std::chrono::system_clock::from_time_t(timegm(&tm));
+  if (at <= now) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(at - now);
+}
+
+void validate(const retry_policy& p) {
+  if (p.max_attempts < 1) throw std::invalid_argument("retry_policy: max_attempts < 1");
+  if (p.base_delay.count() <= 0 || p.max_delay < p.base_delay) {
+    throw std::invalid_argument("retry_policy: need 0 < base_delay <= max_delay");
+  }
+  if (p.deadline.count() <= 0 || p.attempt_timeout.count() <= 0) {
+    throw std::invalid_argument("retry_policy: deadline and attempt_timeout must be positive");
+  }
+}
+
+std::chrono::milliseconds backoff(const retry_policy& p, int retry,
+                                  std::optional<std::chrono::milliseconds> retry_after,
+                                  double random01) {
+  const int shift = std::clamp(retry - 1, 0, 30);
+  const double ceiling = std::min(static_cast<double>(p.max_delay.count()),
+                                  static_cast<double>(p.base_delay.count()) * (1LL << shift));
+  const auto jittered = std::chrono::milliseconds(static_cast<long>(ceiling * random01));
+  return std::max(jittered, retry_after.value_or(std::chrono::milliseconds(0)));
+}
+
+retry_budget::retry_budget(double capacity, double retry_cost, double timeout_cost, double refund)
+    : capacity_(capacity),
+      tokens_(capacity),
+      retry_cost_(retry_cost),
+      timeout_cost_(timeout_cost),
+      refund_(refund) {
+  if (capacity <= 0 || retry_cost < 0 || timeout_cost < 0 || refund < 0) {
+    throw std::invalid_argument("retry_budget: bad figures");
+  }
+}
+
+bool retry_budget::try_spend(error_kind kind) {
+  const double cost = kind == error_kind::timeout ? timeout_cost_ : retry_cost_;
+  std::lock_guard lock(m_);
+  if (tokens_ < cost) return false;
+  tokens_ -= cost;
+  return true;
+}
+
+void retry_budget::on_success() {
+  std::lock_guard lock(m_);
+  tokens_ = std::min(capacity_, tokens_ + refund_);
+}
+
+double retry_budget::tokens() const {
+  std::lock_guard lock(m_);
+  return tokens_;
+}
+
+}  // namespace orpheus::client

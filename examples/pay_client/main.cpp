@@ -1,0 +1,90 @@
+// One payment, sent the careful way. See --help.
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "../common/flags.hpp"
+#include "orpheus/client/client.hpp"
+#include "orpheus/client/journal.hpp"
+#include "orpheus/request.hpp"
+
+namespace {
+constexpr const char* usage = R"(pay_client: make one payment through payments_server, with retries
+
+Usage: pay_client --server URL --client ID --amount N [flags]
+  --server URL        the payments server, e.g. http://127.0.0.1:8080
+  --client ID         the caller's identity (X-Client-Id)
+  --amount N          minor units, e.g. 1250
+  --currency C        three letters (default EUR)
+  --customer C        (default cus_1)
+  --key K             the idempotency key (default: a new UUIDv4, or the
+                      journal's key for --name)
+  --journal PATH      a SQLite key journal: the key is written there before
+                      the first send, so a crashed client resumes with it
+  --name NAME         the logical request's name in the journal (required
+                      with --journal)
+  --attempts N        attempt cap (default 8)
+  --deadline-ms N     overall deadline (default 30000)
+
+Prints the answer and how it was reached; exits 0 on a 2xx answer, 1 on any
+other answer, 2 on bad flags, 3 when it gave up without a final answer.
+)";
+}  // namespace
+
+int main(int argc, char** argv) {
+  examples::flags f(argc, argv, usage);
+  const auto server = f.str("server", "");
+  const auto client = f.str("client", "");
+  const long amount = f.num("amount", 0);
+  const auto currency = f.str("currency", "EUR");
+  const auto customer = f.str("customer", "cus_1");
+  auto key = f.str("key", "");
+  const auto journal_path = f.str("journal", "");
+  const auto name = f.str("name", "");
+  orpheus::client::client_options options;
+  options.policy.max_attempts = static_cast<int>(f.num("attempts", 8));
+  options.policy.deadline = std::chrono::milliseconds(f.num("deadline-ms", 30000));
+  f.done();
+  if (server.empty() || client.empty() || amount <= 0)
+    f.fail("--server, --client and --amount are required");
+  if (!journal_path.empty() && name.empty()) f.fail("--journal needs --name");
+
+  try {
+    const std::string body =
+        nlohmann::json{{"amount", amount}, {"currency", currency}, {"customer", customer}}.dump();
+    std::unique_ptr<orpheus::client::sqlite_key_journal> journal;
+    if (!journal_path.empty()) {
+      journal = std::make_unique<orpheus::client::sqlite_key_journal>(journal_path);
+      const auto journaled = journal->key_for(name, orpheus::fingerprint_of(body));
+      if (!key.empty() && key != journaled)
+        f.fail("--key differs from the journal's key for --name");
+      key = journaled;
+    }
+    if (key.empty()) key = orpheus::client::new_idempotency_key();
+    std::cout << "key " << key << std::endl;  // before the first send
+
+    options.on_attempt = [](const orpheus::client::attempt_info& a) {
+      std::cerr << "attempt " << a.number << ": "
+                << (a.status != 0 ? std::to_string(a.status) : a.error)
+                << (a.wait.count() > 0 ? ", retrying in " + std::to_string(a.wait.count()) + " ms"
+                                       : "")
+                << "\n";
+    };
+    orpheus::client::idempotent_client api(orpheus::beast::parse_http_url(server), options);
+    const orpheus::client::prepared_request req(
+        boost::beast::http::verb::post, "/v1/payments", body,
+        {{"Content-Type", "application/json"}, {"X-Client-Id", client}}, key);
+    const auto r = api.send(req);
+    if (r.why != orpheus::client::stop_reason::answered) {
+      std::cout << "gave up after " << r.attempts << " attempts (" << r.elapsed.count() << " ms)\n";
+      return 3;
+    }
+    if (journal) journal->complete(name);
+    std::cout << "status " << r.response->result_int() << (r.replayed ? " replayed" : "") << "\n"
+              << "attempts " << r.attempts << "\n"
+              << r.response->body() << "\n";
+    return r.response->result_int() / 100 == 2 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "pay_client: " << e.what() << "\n";
+    return 2;
+  }
+}

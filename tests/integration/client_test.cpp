@@ -1,0 +1,359 @@
+// The client retry helper against real HTTP servers on loopback that answer
+// scripted sequences. Waits are checked through an injected clock and
+// sleeper, never with wall time.
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "orpheus/beast/server.hpp"
+#include "orpheus/client/async.hpp"
+#include "orpheus/client/client.hpp"
+#include "orpheus/client/journal.hpp"
+#include "support/backends.hpp"
+#include "support/process.hpp"
+
+namespace orpheus::client {
+namespace {
+
+namespace http = boost::beast::http;
+using namespace std::chrono_literals;
+
+// One scripted answer.
+struct step {
+  step(unsigned st = 200, std::vector<std::pair<std::string, std::string>> h = {},
+       std::chrono::milliseconds d = 0ms, bool dr = false)
+      : status(st), headers(std::move(h)), delay(d), drop(dr) {}
+  unsigned status;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::chrono::milliseconds delay;
+  bool drop;  // close the connection without an answer
+};
+
+// A real HTTP server that answers from a script and remembers what it got.
+class scripted_server {
+ public:
+  explicit scripted_server(std::deque<step> script, step fallback = {})
+      : script_(std::move(script)),
+        fallback_(std::move(fallback)),
+        server_({}, [this](beast::http_request&& req, beast::responder respond) {
+          step s;
+          {
+            std::lock_guard lock(m_);
+            seen_.push_back({std::string(req["Idempotency-Key"]), req.body()});
+            s = script_.empty() ? fallback_ : script_.front();
+            if (!script_.empty()) script_.pop_front();
+          }
+          auto answer = [s, respond] {
+            if (s.drop) return respond(beast::drop_connection());
+            auto res = beast::make_response(s.status, "body-" + std::to_string(s.status));
+            for (const auto& [k, v] : s.headers) res.set(k, v);
+            respond(std::move(res));
+          };
+          if (s.delay.count() > 0) {
+            std::thread([s, answer] {
+              std::this_thread::sleep_for(s.delay);
+              answer();
+            }).detach();
+          } else {
+            answer();
+          }
+        }) {
+    server_.start();
+  }
+  http_endpoint endpoint() const { return {"127.0.0.1", server_.port()}; }
+  std::vector<std::pair<std::string, std::string>> seen() {
+    std::lock_guard lock(m_);
+    return seen_;
+  }
+
+ private:
+  std::mutex m_;
+  std::deque<step> script_;
+  step fallback_;
+  std::vector<std::pair<std::string, std::string>> seen_;
+  beast::server server_;
+};
+
+// A clock that only moves when the client sleeps.
+struct fake_time {
+  std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
+  std::chrono::system_clock::time_point wall = std::chrono::system_clock::now();
+  std::vector<std::chrono::milliseconds> sleeps;
+
+  clock make() {
+    clock c;
+    c.now = [this] { return now; };
+    c.wall_now = [this] { return wall; };
+    c.sleep = [this](std::chrono::milliseconds d) {
+      sleeps.push_back(d);
+      now += d;
+      wall += d;
+    };
+    return c;
+  }
+};
+
+prepared_request payment() {
+  return {http::verb::post,
+          "/v1/payments",
+          R"({"amount":1250})",
+          {{"Content-Type", "application/json"}}};
+}
+
+void expect_same_key_and_body(const std::vector<std::pair<std::string, std::string>>& seen,
+                              const prepared_request& req) {
+  for (const auto& [key, body] : seen) {
+    EXPECT_EQ(key, req.key());
+    EXPECT_EQ(body, req.body());
+  }
+}
+
+TEST(Client, Retries5xxUntilAnAnswerWithJitteredBackoff) {
+  scripted_server s({{500}, {500}, {200}});
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  idempotent_client api(s.endpoint(), o);
+  const auto req = payment();
+  const auto r = api.send(req);
+  EXPECT_EQ(r.why, stop_reason::answered);
+  EXPECT_EQ(r.attempts, 3);
+  ASSERT_TRUE(r.response);
+  EXPECT_EQ(r.response->result_int(), 200U);
+  ASSERT_EQ(s.seen().size(), 3U);
+  expect_same_key_and_body(s.seen(), req);
+  // Full jitter: retry n waits in [0, base * 2^(n-1)].
+  ASSERT_EQ(t.sleeps.size(), 2U);
+  EXPECT_LE(t.sleeps[0], 100ms);
+  EXPECT_LE(t.sleeps[1], 200ms);
+  EXPECT_EQ(r.elapsed, t.sleeps[0] + t.sleeps[1]);
+}
+
+TEST(Client, BackoffStaysWithinItsBoundsAndCap) {
+  retry_policy p;
+  p.base_delay = 100ms;
+  p.max_delay = 1000ms;
+  for (int retry = 1; retry <= 12; ++retry) {
+    const auto ceiling = std::min(1000ms, 100ms * (1 << std::min(retry - 1, 20)));
+    EXPECT_EQ(backoff(p, retry, std::nullopt, 0.0), 0ms);
+    EXPECT_LE(backoff(p, retry, std::nullopt, 0.999), ceiling);
+    EXPECT_GE(backoff(p, retry, std::nullopt, 0.999), ceiling * 99 / 100);
+    EXPECT_EQ(backoff(p, retry, 3000ms, 0.5), 3000ms) << "Retry-After is a floor";
+  }
+}
+
+TEST(Client, HonoursRetryAfterOn409InSecondsAndAsAnHttpDate) {
+  fake_time t;
+  // An HTTP-date 10 s after the fake wall clock (whole seconds: it floors).
+  const auto at = std::chrono::system_clock::to_time_t(t.wall + 10s);
+  char date[64];
+  std::tm tm{};
+  gmtime_r(&at, &tm);
+  std::strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  scripted_server s({{409, {{"Retry-After", "2"}}}, {409, {{"Retry-After", date}}}, {201}});
+  client_options o;
+  o.time = t.make();
+  idempotent_client api(s.endpoint(), o);
+  const auto req = payment();
+  const auto r = api.send(req);
+  EXPECT_EQ(r.response->result_int(), 201U);
+  ASSERT_EQ(t.sleeps.size(), 2U);
+  EXPECT_GE(t.sleeps[0], 2000ms);
+  // 10 s after the first wall time, floored to a second, minus the first wait.
+  EXPECT_GE(t.sleeps[1], 9000ms - t.sleeps[0]);
+  EXPECT_LE(t.sleeps[1], 10000ms - t.sleeps[0]);
+  expect_same_key_and_body(s.seen(), req);
+}
+
+TEST(Client, ParsesRetryAfter) {
+  const auto now = std::chrono::system_clock::from_time_t(784111777);  // 06 Nov 1994 08:49:37
+  EXPECT_EQ(parse_retry_after("120", now), 120s);
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now), 10s);
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:00 GMT", now), 0ms);
+  EXPECT_FALSE(parse_retry_after("soon", now));
+  EXPECT_FALSE(parse_retry_after("-5", now));
+  EXPECT_FALSE(parse_retry_after("", now));
+}
+
+TEST(Client, NeverRetriesOther4xxOr501) {
+  for (const unsigned status : {400U, 401U, 404U, 422U, 501U}) {
+    scripted_server s(std::deque<step>{step(status), step(200)});
+    fake_time t;
+    client_options o;
+    o.time = t.make();
+    idempotent_client api(s.endpoint(), o);
+    const auto r = api.send(payment());
+    EXPECT_EQ(r.attempts, 1) << status;
+    EXPECT_EQ(r.why, stop_reason::answered);
+    EXPECT_EQ(r.response->result_int(), status);
+    EXPECT_TRUE(t.sleeps.empty());
+  }
+}
+
+TEST(Client, RetriesAResetConnectionAnd429) {
+  scripted_server s({{0, {}, 0ms, true}, {429}, {200}});
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  std::vector<error_kind> kinds;
+  o.on_attempt = [&](const attempt_info& a) { kinds.push_back(a.kind); };
+  idempotent_client api(s.endpoint(), o);
+  const auto req = payment();
+  const auto r = api.send(req);
+  EXPECT_EQ(r.attempts, 3);
+  EXPECT_EQ(r.response->result_int(), 200U);
+  EXPECT_EQ(kinds, (std::vector<error_kind>{error_kind::network, error_kind::throttled,
+                                            error_kind::none}));
+  expect_same_key_and_body(s.seen(), req);
+}
+
+TEST(Client, AnAnswerSlowerThanTheAttemptTimeoutIsATimeout) {
+  scripted_server s({}, {200, {}, 2000ms});
+  client_options o;
+  o.policy.attempt_timeout = 200ms;
+  o.policy.max_attempts = 2;
+  fake_time t;
+  o.time = t.make();
+  o.time.now = [] { return std::chrono::steady_clock::now(); };  // the socket timeout is real
+  idempotent_client api(s.endpoint(), o);
+  const auto r = api.send(payment());
+  EXPECT_EQ(r.why, stop_reason::attempts_exhausted);
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_EQ(r.last_error, error_kind::timeout);
+  EXPECT_FALSE(r.response);
+}
+
+TEST(Client, StopsAtTheOverallDeadline) {
+  scripted_server s({}, {503, {{"Retry-After", "10"}}});
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  o.policy.deadline = 25s;
+  o.policy.max_attempts = 100;
+  idempotent_client api(s.endpoint(), o);
+  const auto r = api.send(payment());
+  EXPECT_EQ(r.why, stop_reason::deadline);
+  EXPECT_EQ(r.attempts, 3);  // 0 s, 10 s, 20 s; the next would pass 25 s
+  EXPECT_EQ(r.response->result_int(), 503U);
+}
+
+TEST(Client, ALongOutageDrainsTheSharedRetryBudget) {
+  scripted_server s({}, {503});
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  o.budget = std::make_shared<retry_budget>(20, 5, 10, 1);  // 4 retries' worth
+  o.policy.max_attempts = 10;
+  idempotent_client api(s.endpoint(), o);
+  const auto first = api.send(payment());
+  EXPECT_EQ(first.why, stop_reason::budget_exhausted);
+  EXPECT_EQ(first.attempts, 5);  // 1 + the 4 retries the budget paid for
+  const auto second = api.send(payment());
+  EXPECT_EQ(second.why, stop_reason::budget_exhausted);
+  EXPECT_EQ(second.attempts, 1) << "an outage must not become a retry storm";
+  EXPECT_EQ(s.seen().size(), 6U);
+  // Successes refill it.
+  scripted_server ok({}, {200});
+  idempotent_client healthy(ok.endpoint(), o);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(healthy.send(payment()).why, stop_reason::answered);
+  EXPECT_DOUBLE_EQ(o.budget->tokens(), 5);
+}
+
+TEST(Client, KeysAreUuidV4AndEntityKeysAreReadable) {
+  const auto a = new_idempotency_key();
+  const auto b = new_idempotency_key();
+  EXPECT_NE(a, b);
+  ASSERT_EQ(a.size(), 36U);
+  EXPECT_EQ(a[14], '4');
+  EXPECT_NE(std::string("89ab").find(a[19]), std::string::npos);
+  EXPECT_EQ(entity_key("payment", "1234", "refund"), "payment-1234-refund");
+  EXPECT_THROW((void)entity_key("payment", "", "refund"), std::invalid_argument);
+  EXPECT_THROW((void)entity_key("pay ment", "1", "x"), std::invalid_argument);
+  EXPECT_THROW(prepared_request(http::verb::post, "/", "", {}, "bad\nkey"), std::invalid_argument);
+}
+
+TEST(Client, CoroutineFormRetriesLikeTheSyncForm) {
+  scripted_server s({{503}, {409, {{"Retry-After", "1"}}}, {201}});
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  idempotent_client api(s.endpoint(), o);
+  const auto req = payment();
+  boost::asio::io_context ioc;
+  std::optional<call_result> got;
+  boost::asio::co_spawn(
+      ioc, [&]() -> boost::asio::awaitable<void> { got = co_await async_send(api, req); },
+      boost::asio::detached);
+  ioc.run();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->attempts, 3);
+  EXPECT_EQ(got->response->result_int(), 201U);
+  EXPECT_GE(t.sleeps.at(1), 1000ms);
+  expect_same_key_and_body(s.seen(), req);
+}
+
+TEST(Journal, KeepsTheKeyOfALogicalRequestAndRefusesAnotherPayload) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("journal-" + test::random_hex() + ".db");
+  {
+    sqlite_key_journal j(path.string());
+    const auto k = j.key_for("order-1/pay", "fp-1");
+    EXPECT_EQ(j.key_for("order-1/pay", "fp-1"), k);
+    EXPECT_THROW(j.key_for("order-1/pay", "fp-2"), payload_changed);
+    EXPECT_NE(j.key_for("order-2/pay", "fp-1"), k);
+    EXPECT_EQ(j.pending(), (std::vector<std::string>{"order-1/pay", "order-2/pay"}));
+    j.complete("order-2/pay");
+  }
+  sqlite_key_journal reopened(path.string());
+  EXPECT_EQ(reopened.pending(), std::vector<std::string>{"order-1/pay"});
+  std::filesystem::remove(path);
+}
+
+// A client process killed while its request hangs is started again and
+// resumes the same logical request with the same key.
+TEST(Journal, AClientKilledMidRequestResumesWithTheSameKey) {
+  scripted_server s({{0, {}, 60s}}, {201});  // the first request never gets an answer
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/pay_client",
+                                      "--server",
+                                      "http://127.0.0.1:" + std::to_string(s.endpoint().port),
+                                      "--client",
+                                      "c1",
+                                      "--amount",
+                                      "1250",
+                                      "--journal",
+                                      (dir / "keys.db").string(),
+                                      "--name",
+                                      "order-9/pay"};
+  std::string first_key;
+  {
+    test::child_process doomed(argv);
+    first_key = doomed.read_line(10s).value_or("");
+    ASSERT_EQ(first_key.rfind("key ", 0), 0U);
+    for (int i = 0; i < 100 && s.seen().empty(); ++i) std::this_thread::sleep_for(20ms);
+    ASSERT_EQ(s.seen().size(), 1U);
+    doomed.kill_hard();
+  }
+  test::child_process resumed(argv);
+  EXPECT_EQ(resumed.read_line(10s).value_or(""), first_key);
+  EXPECT_EQ(resumed.read_line(10s).value_or(""), "status 201");
+  EXPECT_EQ(resumed.wait(), 0);
+  const auto seen = s.seen();
+  ASSERT_EQ(seen.size(), 2U);
+  EXPECT_EQ(seen[0], seen[1]) << "same key, same body";
+  EXPECT_EQ("key " + seen[1].first, first_key);
+  sqlite_key_journal j((dir / "keys.db").string());
+  EXPECT_TRUE(j.pending().empty()) << "completed after the final answer";
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace orpheus::client
