@@ -11,6 +11,7 @@
 
 #include "../common/flags.hpp"
 #include "orpheus/beast/client.hpp"
+#include "orpheus/client/client.hpp"
 
 namespace {
 
@@ -33,36 +34,18 @@ struct totals {
   std::atomic<long> attempts{0}, replays{0}, succeeded{0}, declined{0}, gave_up{0}, mismatched{0};
 };
 
-// One logical payment: the same key and the same bytes on every attempt.
-http_response send_payment(const orpheus::beast::http_endpoint& server, const std::string& key,
-                           const std::string& client, const std::string& body, totals& t) {
-  std::mt19937_64 rng{std::random_device{}()};
-  auto backoff = std::chrono::milliseconds(20);
-  for (int attempt = 1; attempt <= 30; ++attempt) {
-    ++t.attempts;
-    http_request req{http::verb::post, "/v1/payments", 11};
-    req.set("X-Client-Id", client);
-    req.set("Idempotency-Key", key);
-    req.set(http::field::content_type, "application/json");
-    req.body() = body;
-    std::chrono::milliseconds wait = backoff;
-    try {
-      auto res = orpheus::beast::send(server, std::move(req), std::chrono::seconds(10));
-      const unsigned s = res.result_int();
-      if (s != 409 && s != 429 && (s < 500 || s == 501)) return res;  // final
-      if (const auto ra = res[http::field::retry_after]; !ra.empty()) {
-        wait = std::max(wait, std::chrono::milliseconds(std::stol(std::string(ra)) * 1000));
-      }
-    } catch (const orpheus::beast::transport_error&) {
-      // Unknown outcome: retry with the same key.
-    }
-    // Full jitter: a random wait up to the current backoff (or Retry-After).
-    std::this_thread::sleep_for(std::chrono::milliseconds(
-        std::uniform_int_distribution<long>(wait.count() / 2, wait.count())(rng)));
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+// One logical payment through the client helper: the same key and bytes on
+// every attempt, Retry-After honoured, 4xx never retried.
+std::optional<http_response> send_payment(const orpheus::client::idempotent_client& api,
+                                          const orpheus::client::prepared_request& req, totals& t) {
+  auto r = api.send(req);
+  t.attempts += r.attempts;
+  if (r.replayed) ++t.replays;
+  if (r.why != orpheus::client::stop_reason::answered) {
+    ++t.gave_up;
+    return std::nullopt;
   }
-  ++t.gave_up;
-  return {};
+  return std::move(r.response);
 }
 
 }  // namespace
@@ -80,6 +63,13 @@ int main(int argc, char** argv) {
   const auto server = orpheus::beast::parse_http_url(server_url);
   const auto bank = orpheus::beast::parse_http_url(bank_url);
 
+  // One client for all the shop's calls: its retry budget is shared, so an
+  // outage would slow every caller down instead of multiplying the load.
+  orpheus::client::client_options options;
+  options.policy.max_attempts = 30;
+  options.policy.deadline = std::chrono::seconds(60);
+  options.policy.max_delay = std::chrono::milliseconds(1000);
+  const orpheus::client::idempotent_client api(server, options);
   totals t;
   std::atomic<long> next{0};
   const std::string run = std::to_string(std::random_device{}());
@@ -95,14 +85,16 @@ int main(int argc, char** argv) {
             nlohmann::json{
                 {"amount", 100 + i}, {"currency", "EUR"}, {"customer", "cus_" + std::to_string(i)}}
                 .dump();
-        const auto res = send_payment(server, key, client, body, t);
-        if (res.result_int() == 201) ++t.succeeded;
-        if (res.result_int() == 402) ++t.declined;
-        if (res.find("Idempotent-Replayed") != res.end()) ++t.replays;
-        if (again(rng)) {  // the double click: same key, same body
-          const auto dup = send_payment(server, key, client, body, t);
-          if (dup.find("Idempotent-Replayed") != dup.end()) ++t.replays;
-          if (dup.body() != res.body()) ++t.mismatched;
+        const orpheus::client::prepared_request req(
+            http::verb::post, "/v1/payments", body,
+            {{"Content-Type", "application/json"}, {"X-Client-Id", client}}, key);
+        const auto res = send_payment(api, req, t);
+        if (!res) continue;
+        if (res->result_int() == 201) ++t.succeeded;
+        if (res->result_int() == 402) ++t.declined;
+        if (again(rng)) {  // the double click: the same logical request again
+          const auto dup = send_payment(api, req, t);
+          if (!dup || dup->body() != res->body()) ++t.mismatched;
         }
       }
     });

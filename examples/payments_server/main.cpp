@@ -12,6 +12,7 @@
 #include "orpheus/beast/client.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/beast/server.hpp"
+#include "orpheus/payment/charge.hpp"
 #include "orpheus/store/mysql.hpp"
 #include "orpheus/store/sqlite.hpp"
 
@@ -197,64 +198,62 @@ std::string random_hex(std::size_t n) {
   return out;
 }
 
-// ---- the bank call (the RPC phase) ------------------------------------------
+// ---- the bank, as an orpheus::payment::gateway ------------------------------
 
-struct bank_client {
-  orpheus::beast::http_endpoint bank;
+// The bank simulator's protocol; orpheus::payment::charge_once() does the
+// rest (downstream key, status query first on retries, classification).
+class bank_gateway final : public orpheus::payment::gateway {
+ public:
+  explicit bank_gateway(orpheus::beast::http_endpoint bank) : bank_(std::move(bank)) {}
 
-  // Returns the charge id; throws classified errors.
-  std::string charge(const orpheus::attempt& a, const payment& p) const {
-    const std::string key = a.downstream_key("charge");
-    auto left = [&] {
-      return std::chrono::duration_cast<std::chrono::milliseconds>(
-          a.deadline() - std::chrono::steady_clock::now());
-    };
-    if (a.is_retry()) {  // ask first what became of the earlier attempt
-      http_request q{http::verb::get, "/charges/" + key, 11};
-      const auto res = call(q, left());
-      if (res.result_int() == 200) return outcome_of(res);
-      if (res.result_int() != 404) {
-        throw orpheus::retryable_error(
-            "bank_unavailable", "bank status query answered " + std::to_string(res.result_int()));
-      }
-    }
+  orpheus::payment::gateway_answer charge(const orpheus::payment::charge_request& r,
+                                          const std::string& key,
+                                          std::chrono::milliseconds timeout) override {
     http_request req{http::verb::post, "/charges", 11};
     req.set("Idempotency-Key", key);
     req.set(http::field::content_type, "application/json");
     req.body() =
-        nlohmann::json{{"amount", p.amount}, {"currency", p.currency}, {"reference", p.id}}.dump();
-    return outcome_of(call(req, left()));
+        nlohmann::json{{"amount", r.amount}, {"currency", r.currency}, {"reference", r.reference}}
+            .dump();
+    return call(std::move(req), timeout);
   }
 
-  http_response call(http_request req, std::chrono::milliseconds timeout) const {
-    if (timeout.count() <= 0)
-      throw orpheus::retryable_error("bank_timeout", "no time left for the bank call");
+  orpheus::payment::gateway_answer status(const std::string& key,
+                                          std::chrono::milliseconds timeout) override {
+    return call(http_request{http::verb::get, "/charges/" + key, 11}, timeout);
+  }
+
+ private:
+  orpheus::payment::gateway_answer call(http_request req, std::chrono::milliseconds timeout) {
+    using orpheus::payment::gateway_status;
+    http_response res;
     try {
-      return orpheus::beast::send(bank, std::move(req), timeout);
+      res = orpheus::beast::send(bank_, std::move(req), timeout);
     } catch (const orpheus::beast::transport_error& e) {
-      // Connect failures, timeouts and resets: the charge may or may not have
-      // happened. Retryable; the retry asks the bank first.
-      throw orpheus::retryable_error("bank_unreachable", e.what(), 502);
+      switch (e.error_kind()) {
+        case orpheus::beast::transport_error::kind::connect:
+          return {gateway_status::connect_failed, "", e.what()};
+        case orpheus::beast::transport_error::kind::timeout:
+          return {gateway_status::timeout, "", e.what()};
+        case orpheus::beast::transport_error::kind::closed:
+          return {gateway_status::reset, "", e.what()};
+      }
     }
-  }
-
-  static std::string outcome_of(const http_response& res) {
+    const unsigned status = res.result_int();
     const auto body = nlohmann::json::parse(res.body(), nullptr, false);
-    const int status = static_cast<int>(res.result_int());
-    if ((status == 200 || status == 201) && !body.is_discarded() &&
-        body.value("status", "") == "charged") {
-      return body.value("charge_id", "");
+    const std::string detail = "bank answered " + std::to_string(status);
+    if (status == 404) return {gateway_status::not_found, "", detail};
+    if (!body.is_discarded() && body.value("status", "") == "charged") {
+      return {gateway_status::charged, body.value("charge_id", ""), detail};
     }
     if (status == 402 || (!body.is_discarded() && body.value("status", "") == "declined")) {
-      throw orpheus::non_retryable_error("card_declined", "the bank declined the charge", 402);
+      return {gateway_status::declined, "", detail};
     }
-    if (status >= 500) {
-      throw orpheus::retryable_error("bank_unavailable", "bank answered " + std::to_string(status),
-                                     502);
-    }
-    throw orpheus::non_retryable_error("bank_rejected", "bank answered " + std::to_string(status),
-                                       502);
+    if (status >= 500) return {gateway_status::server_error, "", detail};
+    return {gateway_status::invalid, "", detail};
   }
+
+  orpheus::beast::http_endpoint bank_;
 };
 
 std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& specs) {
@@ -293,7 +292,7 @@ int main(int argc, char** argv) {
     f.fail("--port, --workers or --queue out of range");
 
   try {
-    bank_client bank{orpheus::beast::parse_http_url(bank_url)};
+    bank_gateway bank(orpheus::beast::parse_http_url(bank_url));
     auto store = open_store(store_specs);
     store->migrate();
     for (std::size_t s = 0; s < store->shard_count(); ++s) {
@@ -344,7 +343,7 @@ int main(int argc, char** argv) {
             },
             [&](const orpheus::attempt& a, const payment& p) {  // RPC
               if (a.is_retry()) stats.takeover();
-              return bank.charge(a, p);
+              return orpheus::payment::charge_once(bank, a, {p.id, p.amount, p.currency});
             },
             [](orpheus::tx& tx, const orpheus::attempt&, const payment& p,
                const orpheus::outcome<std::string>& o) {  // Post-RPC

@@ -99,7 +99,7 @@ idempotent_client::idempotent_client(http_endpoint server, client_options option
   if (options_.key_header.empty()) throw std::invalid_argument("client_options: empty key header");
 }
 
-call_result idempotent_client::send(const prepared_request& req) {
+call_result idempotent_client::send(const prepared_request& req) const {
   retry_loop loop(options_, req);
   for (;;) {
     std::optional<http_response> res;

@@ -116,7 +116,7 @@ class idempotent_client {
   explicit idempotent_client(http_endpoint server, client_options options = {});
 
   /// Sends until a final answer or a stop; see call_result.
-  call_result send(const prepared_request& req);
+  call_result send(const prepared_request& req) const;
 
   [[nodiscard]] const http_endpoint& server() const noexcept { return server_; }
   [[nodiscard]] const client_options& options() const noexcept { return options_; }
