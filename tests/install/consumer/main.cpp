@@ -1,6 +1,8 @@
 #include <iostream>
 
+#include "orpheus/client/client.hpp"
 #include "orpheus/manager.hpp"
+#include "orpheus/payment/charge.hpp"
 #include "orpheus/store/mysql.hpp"
 #include "orpheus/store/sqlite.hpp"
 
@@ -25,6 +27,9 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const orpheus::config_error&) {
   }
+  // The adapters link too.
+  if (orpheus::client::new_idempotency_key().size() != 36) return 1;
+  if (orpheus::payment::classify({orpheus::payment::gateway_status::charged, "ch", ""}) != "ch") return 1;
   std::cout << first.body << " " << second.replayed << "\n";
   return first.body == "2" && second.replayed && !first.replayed ? 0 : 1;
 }
