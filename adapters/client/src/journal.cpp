@@ -65,13 +65,13 @@ std::string sqlite_key_journal::key_for(std::string_view name, std::string_view 
   std::lock_guard lock(impl_->m);
   impl_->exec("BEGIN IMMEDIATE");
   try {
-    auto found = impl_->run(
-        "SELECT idem_key || ' ' || payload FROM orpheus_client_keys WHERE name = ?", {name});
+    const auto keys = impl_->run("SELECT idem_key FROM orpheus_client_keys WHERE name = ?", {name});
     std::string key;
-    if (!found.empty()) {
-      const auto space = found[0].find(' ');
-      key = found[0].substr(0, space);
-      if (found[0].substr(space + 1) != payload) {
+    if (!keys.empty()) {
+      key = keys[0];
+      const auto payloads =
+          impl_->run("SELECT payload FROM orpheus_client_keys WHERE name = ?", {name});
+      if (payloads.at(0) != payload) {
         throw payload_changed("key journal: '" + std::string(name) +
                               "' was started with another payload; a logical request's payload "
                               "can not change between attempts");
