@@ -28,12 +28,13 @@ using namespace std::chrono_literals;
 // One scripted answer.
 struct step {
   step(unsigned st = 200, std::vector<std::pair<std::string, std::string>> h = {},
-       std::chrono::milliseconds d = 0ms, bool dr = false)
-      : status(st), headers(std::move(h)), delay(d), drop(dr) {}
+       std::chrono::milliseconds d = 0ms, bool dr = false, std::string b = {})
+      : status(st), headers(std::move(h)), delay(d), drop(dr), body(std::move(b)) {}
   unsigned status;
   std::vector<std::pair<std::string, std::string>> headers;
   std::chrono::milliseconds delay;
-  bool drop;  // close the connection without an answer
+  bool drop;         // close the connection without an answer
+  std::string body;  // empty: "body-<status>"
 };
 
 // A real HTTP server that answers from a script and remembers what it got.
@@ -52,7 +53,8 @@ class scripted_server {
           }
           auto answer = [s, respond] {
             if (s.drop) return respond(beast::drop_connection());
-            auto res = beast::make_response(s.status, "body-" + std::to_string(s.status));
+            auto res = beast::make_response(
+                s.status, s.body.empty() ? "body-" + std::to_string(s.status) : s.body);
             for (const auto& [k, v] : s.headers) res.set(k, v);
             respond(std::move(res));
           };
@@ -195,6 +197,26 @@ TEST(Client, NeverRetriesOther4xxOr501) {
     EXPECT_EQ(r.response->result_int(), status);
     EXPECT_TRUE(t.sleeps.empty());
   }
+}
+
+TEST(Client, AProblemBodySayingNotRetryableIsFinalWhateverTheStatus) {
+  scripted_server s({}, step(500, {{"Content-Type", "application/problem+json"}}));
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  idempotent_client api(s.endpoint(), o);
+  // The scripted body is "body-500", not JSON: an unreadable body keeps the
+  // status's class (retried).
+  EXPECT_GT(api.send(payment()).attempts, 1);
+
+  scripted_server final_answer(
+      {}, step(500, {{"Content-Type", "application/problem+json"}}, 0ms, false,
+               R"({"code":"attempts_exhausted","retryable":false,"status":500})"));
+  idempotent_client api2(final_answer.endpoint(), o);
+  const auto r = api2.send(payment());
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(r.why, stop_reason::answered);
+  EXPECT_EQ(r.response->result_int(), 500U);
 }
 
 TEST(Client, RetriesAResetConnectionAnd429) {

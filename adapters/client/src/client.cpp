@@ -1,6 +1,7 @@
 #include "orpheus/client/client.hpp"
 
 #include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <thread>
 
@@ -53,6 +54,15 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
   if (res) {
     info.status = res->result_int();
     info.kind = kind_of_status(info.status);
+    // The server's own word wins: a problem+json body with "retryable":
+    // false (a recorded terminal failure) is final whatever its status.
+    if (info.kind != error_kind::none &&
+        (*res)[http::field::content_type].starts_with("application/problem+json")) {
+      const auto problem = nlohmann::json::parse(res->body(), nullptr, false);
+      if (problem.is_object() && problem.value("retryable", true) == false) {
+        info.kind = error_kind::none;
+      }
+    }
     const auto ra = (*res)[http::field::retry_after];
     if (!ra.empty())
       retry_after = parse_retry_after(std::string_view(ra.data(), ra.size()), o_.time.wall_now());
