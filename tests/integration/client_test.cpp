@@ -7,6 +7,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/beast/http.hpp>
+#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <mutex>
@@ -59,16 +60,32 @@ class scripted_server {
             respond(std::move(res));
           };
           if (s.delay.count() > 0) {
-            std::thread([s, answer] {
-              std::this_thread::sleep_for(s.delay);
-              answer();
-            }).detach();
+            std::lock_guard lock(m_);
+            delayed_.emplace_back([this, s, answer] {
+              std::unique_lock wait(m_);
+              if (!stop_.wait_for(wait, s.delay, [this] { return stopping_; })) {
+                wait.unlock();
+                answer();
+              }
+            });
           } else {
             answer();
           }
         }) {
     server_.start();
   }
+  scripted_server(const scripted_server&) = delete;
+  scripted_server& operator=(const scripted_server&) = delete;
+  ~scripted_server() {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+    }
+    stop_.notify_all();
+    for (auto& t : delayed_) t.join();  // no answer outlives the server
+    server_.stop();
+  }
+
   http_endpoint endpoint() const { return {"127.0.0.1", server_.port()}; }
   std::vector<std::pair<std::string, std::string>> seen() {
     std::lock_guard lock(m_);
@@ -80,6 +97,9 @@ class scripted_server {
   std::deque<step> script_;
   step fallback_;
   std::vector<std::pair<std::string, std::string>> seen_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
+  std::vector<std::thread> delayed_;
   beast::server server_;
 };
 

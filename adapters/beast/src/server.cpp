@@ -32,31 +32,59 @@ http_response drop_connection() {
   return r;
 }
 
-namespace {
+class session;
+
+// Everything a running server owns. Sessions hold a shared_ptr to it, so the
+// io_context outlives every connection and every pending answer.
+struct server::impl : std::enable_shared_from_this<server::impl> {
+  server_options options;
+  handler on_request;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> threads;
+  std::mutex mutex;  // guards sessions and stopped
+  std::vector<std::weak_ptr<session>> sessions;
+  bool stopped = false;
+
+  void accept();
+
+  // Posts `f` to the io_context unless the server has stopped: after stop()
+  // nothing runs the io_context, so a posted answer would never be written
+  // (nor freed). Returns false when dropped.
+  template <class Executor, class F>
+  bool post_unless_stopped(const Executor& where, F&& f) {
+    std::lock_guard lock(mutex);
+    if (stopped) return false;
+    net::post(where, std::forward<F>(f));
+    return true;
+  }
+};
 
 class session : public std::enable_shared_from_this<session> {
  public:
-  session(tcp::socket&& socket, const server_options& o, handler& h)
-      : stream_(std::move(socket)), options_(o), handler_(h) {}
+  session(tcp::socket&& socket, std::shared_ptr<server::impl> owner)
+      : stream_(std::move(socket)), owner_(std::move(owner)) {}
 
   void run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
   }
 
+  // Called by stop(), on an io thread (posted before the loop stops).
   void close() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] {
-      boost::beast::error_code ec;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-      self->stream_.close();
-    });
+    boost::beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
   }
+
+  boost::beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
 
  private:
   void read() {
+    const auto& o = owner_->options;
     parser_.emplace();
-    parser_->header_limit(static_cast<std::uint32_t>(options_.header_limit));
-    parser_->body_limit(options_.body_limit);
-    stream_.expires_after(options_.read_timeout);
+    parser_->header_limit(static_cast<std::uint32_t>(o.header_limit));
+    parser_->body_limit(o.body_limit);
+    stream_.expires_after(o.read_timeout);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
                        self->on_read(ec);
@@ -66,7 +94,7 @@ class session : public std::enable_shared_from_this<session> {
   void on_read(boost::beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == net::error::operation_aborted ||
         ec == boost::beast::error::timeout || ec == net::error::connection_reset ||
-        ec == net::error::eof) {
+        ec == net::error::eof || ec == net::error::bad_descriptor) {
       return shutdown();
     }
     if (ec) {  // refuse and close: the stream is out of sync after a bad request
@@ -81,23 +109,22 @@ class session : public std::enable_shared_from_this<session> {
     const bool keep_alive = req.keep_alive();
     // The handler may answer later from another thread: hop back onto this
     // connection's strand to write.
-    handler_(std::move(req), [self = shared_from_this(), keep_alive](http_response r) {
+    owner_->on_request(std::move(req), [self = shared_from_this(), keep_alive](http_response r) {
       r.keep_alive(keep_alive && r.keep_alive());
-      net::post(self->stream_.get_executor(),
-                [self, r = std::move(r)]() mutable { self->write(std::move(r)); });
+      auto where = self->executor();
+      self->owner_->post_unless_stopped(
+          where, [self, r = std::move(r)]() mutable { self->write(std::move(r)); });
     });
   }
 
   void write(http_response r) {
     if (r.result_int() == 0) {  // drop_connection(): no answer at all
-      boost::beast::error_code ec;
-      stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-      stream_.close();
+      close();
       return;
     }
     auto res = std::make_shared<http_response>(std::move(r));
     res->prepare_payload();
-    stream_.expires_after(options_.read_timeout);
+    stream_.expires_after(owner_->options.read_timeout);
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](boost::beast::error_code ec, std::size_t) {
                         if (ec || !res->keep_alive()) return self->shutdown();
@@ -113,37 +140,23 @@ class session : public std::enable_shared_from_this<session> {
   boost::beast::tcp_stream stream_;
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  const server_options& options_;
-  handler& handler_;
+  std::shared_ptr<server::impl> owner_;
 };
 
-}  // namespace
-
-struct server::impl : std::enable_shared_from_this<server::impl> {
-  server_options options;
-  handler on_request;
-  net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
-  std::vector<std::thread> threads;
-  std::mutex mutex;
-  std::vector<std::weak_ptr<session>> sessions;
-  bool stopped = false;
-
-  void accept() {
-    acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](
-                                                     boost::beast::error_code ec, tcp::socket s) {
-      if (ec) return;  // closed by stop()
-      auto sess = std::make_shared<session>(std::move(s), self->options, self->on_request);
-      {
-        std::lock_guard lock(self->mutex);
-        std::erase_if(self->sessions, [](const auto& w) { return w.expired(); });
-        self->sessions.push_back(sess);
-      }
-      sess->run();
-      self->accept();
-    });
-  }
-};
+void server::impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](
+                                                   boost::beast::error_code ec, tcp::socket s) {
+    if (ec) return;  // closed by stop()
+    auto sess = std::make_shared<session>(std::move(s), self);
+    {
+      std::lock_guard lock(self->mutex);
+      std::erase_if(self->sessions, [](const auto& w) { return w.expired(); });
+      self->sessions.push_back(sess);
+    }
+    sess->run();
+    self->accept();
+  });
+}
 
 server::server(server_options options, handler h) : impl_(std::make_shared<impl>()) {
   impl_->options = std::move(options);
@@ -171,22 +184,33 @@ void server::start() {
 }
 
 void server::stop() {
+  std::vector<std::shared_ptr<session>> open;
   {
     std::lock_guard lock(impl_->mutex);
     if (impl_->stopped) return;
-    impl_->stopped = true;
+    impl_->stopped = true;  // from now on, answers are dropped, not posted
     for (auto& w : impl_->sessions) {
-      if (auto s = w.lock()) s->close();
+      if (auto s = w.lock()) open.push_back(std::move(s));
     }
+    impl_->sessions.clear();
   }
-  net::post(impl_->ioc, [i = impl_] {
+  auto close_all = [i = impl_, open] {
     boost::beast::error_code ec;
     i->acceptor.close(ec);
-  });
-  // Let queued writes and closes run, then stop the loop.
-  net::post(impl_->ioc, [i = impl_] { i->ioc.stop(); });
-  for (auto& t : impl_->threads) t.join();
-  impl_->threads.clear();
+    for (const auto& s : open) s->close();
+  };
+  if (impl_->threads.empty()) {
+    close_all();  // never started: nothing else runs the loop
+  } else {
+    net::post(impl_->ioc, close_all);
+    net::post(impl_->ioc, [i = impl_] { i->ioc.stop(); });
+    for (auto& t : impl_->threads) t.join();
+    impl_->threads.clear();
+    impl_->ioc.restart();
+  }
+  // Run what the closes aborted (the pending accept, reads, writes), so their
+  // handlers let go of the sessions and of this server's state.
+  impl_->ioc.poll();
 }
 
 }  // namespace orpheus::beast

@@ -64,8 +64,9 @@ class server {
   /// Stops accepting, closes connections, joins the io threads. Idempotent.
   void stop();
 
+  struct impl;  ///< implementation detail (server.cpp)
+
  private:
-  struct impl;
   std::shared_ptr<impl> impl_;
 };
 
