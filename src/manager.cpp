@@ -206,9 +206,12 @@ response manager::run(const request_id& id, const detail::phases& p,
           t->commit();
           return r;
         }
+        pre_state = nlohmann::json::parse(locked->pre_state, nullptr, /*allow_exceptions=*/false);
+        if (pre_state.is_discarded()) {
+          throw storage_error::permanent("the stored Pre-RPC result of this key is unreadable");
+        }
         t->take_lease(id, owner, locked->attempts + 1, terms);
         attempt_number = locked->attempts + 1;
-        pre_state = nlohmann::json::parse(locked->pre_state);
       }
       t->commit();
     } catch (const storage_error& e) {
@@ -262,7 +265,12 @@ response manager::run(const request_id& id, const detail::phases& p,
       return r;
     } catch (const storage_error& e) {
       release_quietly(store_, id, owner, e.what());
-      throw;
+      if (e.retryable()) throw;
+      // Even a permanent database error here leaves the key retryable: the
+      // RPC ran, so the client must come back and let a retry finish it.
+      throw error(error_info{503, std::string(codes::post_rpc_failed),
+                             std::string("recording the result failed: ") + e.what(), true, false,
+                             std::chrono::milliseconds(1000)});
     }
   }
   // Only a storm of inserts and purges on one key gets here.

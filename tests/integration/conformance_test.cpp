@@ -494,6 +494,50 @@ TEST_P(Conformance, PostRpcCanTakeThePreRpcResultEvenWhenTheRpcFailed) {
   EXPECT_EQ(seen, (std::vector<std::string>{"pay-7:ch_1", "pay-7:card_declined"}));
 }
 
+TEST_P(Conformance, APermanentDatabaseErrorInPostRpcIsStillRetryable) {
+  manager m(*store_);
+  const auto rid = id("post-sql");
+  int rpc_calls = 0;
+  auto run = [&](bool broken_sql) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt&, int) {
+          ++rpc_calls;
+          return 2;
+        },
+        [&](tx& t, const attempt&, const outcome<int>&) {
+          if (broken_sql) t.execute("UPDATE no_such_table SET x = 1");
+          return response{200, {}, "recorded"};
+        });
+  };
+  try {
+    run(true);
+    ADD_FAILURE() << "the Post-RPC database error was swallowed";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << "the RPC ran; the client must retry: " << e.what();
+    EXPECT_EQ(e.code(), codes::post_rpc_failed);
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
+  EXPECT_EQ(run(false).body, "recorded");
+  EXPECT_EQ(rpc_calls, 2);
+}
+
+TEST_P(Conformance, AnUnreadableStoredPreRpcResultIsAClassifiedError) {
+  manager m(*store_, short_lease());
+  const auto rid = id("corrupt");
+  leave_crashed_attempt(*store_, rid, "{not json", 1000);
+  std::this_thread::sleep_for(50ms);
+  counters c;
+  try {
+    pay(m, rid, c);
+    ADD_FAILURE() << "ran with an unreadable Pre-RPC result";
+  } catch (const error& e) {
+    EXPECT_FALSE(e.retryable());
+  }
+  EXPECT_EQ(c.rpc, 0);
+  EXPECT_EQ(store_->inspect(rid)->attempts, 1) << "nothing changed";
+}
+
 TEST_P(Conformance, OneKeyInTwoScopesIsTwoRequests) {
   manager m(*store_);
   counters c;
