@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   }
   // The adapters link too.
   if (orpheus::client::new_idempotency_key().size() != 36) return 1;
-  if (orpheus::payment::classify({orpheus::payment::gateway_status::charged, "ch", ""}) != "ch") return 1;
+  if (orpheus::payment::classify({orpheus::payment::gateway_status::charged, "ch", ""}) != "ch")
+    return 1;
   std::cout << first.body << " " << second.replayed << "\n";
   return first.body == "2" && second.replayed && !first.replayed ? 0 : 1;
 }
