@@ -204,6 +204,8 @@ class borrowed {
   connection& operator*() { return *conn_; }
   connection* operator->() { return conn_.get(); }
   void mark_broken() { broken_ = true; }
+  /// The driver's code of the last failed statement (0 if none failed).
+  [[nodiscard]] int last_error_code() const { return last_code_; }
 
   /// Runs `f`, translating driver errors; a broken link marks the connection.
   template <class F>
@@ -211,7 +213,8 @@ class borrowed {
     try {
       return f(*conn_);
     } catch (const sql::SQLException& e) {
-      if (connection_broken(e.getErrorCode()) || e.getErrorCode() == 0) broken_ = true;
+      last_code_ = e.getErrorCode();
+      if (connection_broken(last_code_) || last_code_ == 0) broken_ = true;
       throw classify(e, what, in_commit);
     }
   }
@@ -220,6 +223,7 @@ class borrowed {
   pool* pool_;
   std::unique_ptr<connection> conn_;
   bool broken_ = false;
+  int last_code_ = 0;
 };
 
 void bind(sql::PreparedStatement& ps, std::span<const sql_value> params) {
@@ -337,7 +341,7 @@ class mysql_tx final : public store_tx {
                  ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?)",
                  id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us) == 1;
     } catch (const storage_error&) {
-      if (last_code_is_duplicate()) return false;
+      if (conn_.last_error_code() == mysql_detail::duplicate_key) return false;
       throw;
     }
   }
@@ -386,8 +390,15 @@ class mysql_tx final : public store_tx {
 
   void commit() override {
     done_ = true;
-    conn_.guarded(
-        "commit", [](connection& c) { c.exec("COMMIT"); }, /*in_commit=*/true);
+    try {
+      conn_.guarded(
+          "commit", [](connection& c) { c.exec("COMMIT"); }, /*in_commit=*/true);
+    } catch (...) {
+      // Whatever the error, the session may still be inside the transaction:
+      // never lend this connection to another request.
+      conn_.mark_broken();
+      throw;
+    }
   }
 
   void rollback() noexcept override {
@@ -401,25 +412,9 @@ class mysql_tx final : public store_tx {
   }
 
  private:
-  bool last_code_is_duplicate() const { return last_code_ == mysql_detail::duplicate_key; }
-
-  // execute() that remembers the driver's error code for insert().
-  template <class... Args>
-  std::uint64_t execute(std::string_view sql, Args&&... args) {
-    const sql_value params[] = {detail::to_sql_value(std::forward<Args>(args))...};
-    try {
-      return run_update(*conn_, sql, params);
-    } catch (const sql::SQLException& e) {
-      last_code_ = e.getErrorCode();
-      if (connection_broken(last_code_) || last_code_ == 0) conn_.mark_broken();
-      throw classify(e, "execute", false);
-    }
-  }
-
   borrowed conn_;
   std::size_t shard_;
   bool done_ = false;
-  int last_code_ = 0;
 };
 
 }  // namespace
