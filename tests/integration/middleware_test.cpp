@@ -7,6 +7,7 @@
 #include <latch>
 #include <nlohmann/json.hpp>
 
+#include "orpheus/beast/client.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "support/backends.hpp"
 
@@ -139,6 +140,45 @@ TEST_F(Middleware, RecordOfKeepsStatusHeadersAndBody) {
   EXPECT_EQ(r.body, std::string("\0bin", 4));
   ASSERT_EQ(r.headers.size(), 2U);  // Content-Length is recomputed, not recorded
   EXPECT_EQ(r.headers[1].second, "b=2");
+}
+
+}  // namespace
+}  // namespace orpheus::beast
+
+namespace orpheus::beast {
+namespace {
+
+// A handler that throws on the io thread must not take the server down.
+TEST(Server, AThrowingHandlerGets500AndTheServerCarriesOn) {
+  std::atomic<int> calls{0};
+  server s({}, [&](http_request&& req, responder respond) {
+    if (calls++ == 0) throw std::runtime_error("bug in a handler");
+    respond(make_response(200, std::string(req.target())));
+  });
+  s.start();
+  const http_endpoint at{"127.0.0.1", s.port()};
+  EXPECT_EQ(
+      send(at, http_request{http::verb::get, "/first", 11}, std::chrono::seconds(5)).result_int(),
+      500U);
+  const auto second =
+      send(at, http_request{http::verb::get, "/second", 11}, std::chrono::seconds(5));
+  EXPECT_EQ(second.result_int(), 200U);
+  EXPECT_EQ(second.body(), "/second");
+}
+
+TEST(Server, OnlyTheFirstAnswerIsWritten) {
+  server s({}, [&](http_request&&, responder respond) {
+    respond(make_response(201, "first"));
+    respond(make_response(500, "second"));
+    throw std::runtime_error("and then it throws");
+  });
+  s.start();
+  const http_endpoint at{"127.0.0.1", s.port()};
+  for (int i = 0; i < 2; ++i) {  // the connection stays in sync
+    const auto r = send(at, http_request{http::verb::get, "/", 11}, std::chrono::seconds(5));
+    EXPECT_EQ(r.result_int(), 201U);
+    EXPECT_EQ(r.body(), "first");
+  }
 }
 
 }  // namespace

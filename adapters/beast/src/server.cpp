@@ -2,6 +2,7 @@
 
 #include "orpheus/beast/server.hpp"
 
+#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
@@ -108,13 +109,24 @@ class session : public std::enable_shared_from_this<session> {
     http_request req = parser_->release();
     const bool keep_alive = req.keep_alive();
     // The handler may answer later from another thread: hop back onto this
-    // connection's strand to write.
-    owner_->on_request(std::move(req), [self = shared_from_this(), keep_alive](http_response r) {
+    // connection's strand to write. Exactly one answer is written, even if
+    // the handler throws after handing its responder on.
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    auto respond = [self = shared_from_this(), keep_alive, answered](http_response r) {
+      if (answered->exchange(true)) return;
       r.keep_alive(keep_alive && r.keep_alive());
       auto where = self->executor();
       self->owner_->post_unless_stopped(
           where, [self, r = std::move(r)]() mutable { self->write(std::move(r)); });
-    });
+    };
+    try {
+      owner_->on_request(std::move(req), respond);
+    } catch (...) {
+      // A throwing handler must not take the io thread (and the server) down.
+      auto r = make_response(500, "internal error\n");
+      r.keep_alive(false);
+      respond(std::move(r));
+    }
   }
 
   void write(http_response r) {

@@ -14,7 +14,9 @@
 // closed after `read_timeout`. None of these affects other connections.
 //
 // Thread safety: the handler is called on an io thread and must not block;
-// `respond` may be called once, from any thread.
+// `respond` may be called from any thread; only its first call is written. A
+// handler that throws gets a 500 (unless it already answered) and the
+// connection is closed; the server carries on.
 #pragma once
 
 #include <boost/beast/http/message.hpp>
