@@ -1,6 +1,5 @@
 // A downstream bank over HTTP, with the faults that make payments hard.
 // See --help. Its ledger answers "was this payment charged twice?".
-#include <csignal>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -10,6 +9,7 @@
 #include <thread>
 
 #include "../common/flags.hpp"
+#include "../common/stop_signals.hpp"
 #include "orpheus/beast/server.hpp"
 #include "orpheus/beast/work_pool.hpp"
 
@@ -132,11 +132,7 @@ int main(int argc, char** argv) {
   f.done();
   if (port < 0 || port > 65535) f.fail("--port out of range");
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // before any thread starts
+  const examples::stop_signals stop;  // before any thread starts
 
   orpheus::beast::work_pool pool(8, 1024);  // latency must not block the io thread
   orpheus::beast::server_options options;
@@ -160,8 +156,7 @@ int main(int argc, char** argv) {
   });
   s.start();
   std::cout << "listening on " << s.port() << std::endl;
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  stop.wait();
   s.stop();
   return 0;
 }

@@ -1,6 +1,5 @@
 // A payments service in front of a bank, made idempotent with Orpheus.
 // See --help.
-#include <csignal>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -9,6 +8,7 @@
 #include <sstream>
 
 #include "../common/flags.hpp"
+#include "../common/stop_signals.hpp"
 #include "orpheus/beast/client.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/beast/server.hpp"
@@ -305,11 +305,7 @@ int main(int argc, char** argv) {
     }
     orpheus::manager manager(*store, cfg);  // refuses rpc_timeout >= lease
 
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // before any thread starts
+    const examples::stop_signals stop;  // before any thread starts
 
     metrics stats;
     orpheus::beast::work_pool pool(static_cast<std::size_t>(workers),
@@ -403,8 +399,7 @@ int main(int argc, char** argv) {
     orpheus::beast::server server(server_options, on_request);
     server.start();
     std::cout << "listening on " << server.port() << std::endl;
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
+    stop.wait();
     std::cerr << "payments_server: stopping\n";
     server.stop();  // no new requests; the pool finishes the ones in flight
     return 0;
