@@ -44,6 +44,7 @@ inline constexpr std::string_view attempts_exhausted = "attempts_exhausted";
 inline constexpr std::string_view retry_window_exhausted = "retry_window_exhausted";
 inline constexpr std::string_view unclassified = "unclassified_error";
 inline constexpr std::string_view post_rpc_failed = "post_rpc_failed";
+inline constexpr std::string_view storage_error = "storage_error";
 }  // namespace codes
 
 /// The plain data of an error: what travels to the client and what is recorded.
@@ -57,12 +58,19 @@ struct error_info {
   /// A hint for clients (HTTP Retry-After); empty when there is no better
   /// answer than the client's own backoff.
   std::optional<std::chrono::milliseconds> retry_after;
+  /// What happened in detail (database host, SQL text, an exception's
+  /// what()): logged through orpheus::log and kept in the record's
+  /// last_error, never sent to the client. `message` is what clients see.
+  std::string internal;
 };
 
 /// Base of every error Orpheus throws or handlers throw to Orpheus.
 class error : public std::runtime_error {
  public:
-  explicit error(error_info info) : std::runtime_error(info.message), info_(std::move(info)) {}
+  /// what() is the internal detail when there is one, else the message.
+  explicit error(error_info info)
+      : std::runtime_error(info.internal.empty() ? info.message : info.internal),
+        info_(std::move(info)) {}
 
   [[nodiscard]] const error_info& info() const noexcept { return info_; }
   [[nodiscard]] bool retryable() const noexcept { return info_.retryable; }
@@ -119,16 +127,21 @@ class config_error : public non_retryable_error {
 class storage_error : public error {
  public:
   using error::error;
-  /// A retryable failure; `in_doubt` when a COMMIT got no answer.
-  static storage_error transient(std::string message, bool in_doubt = false) {
-    return storage_error(
-        error_info{503, std::string(in_doubt ? codes::commit_in_doubt : codes::storage_unavailable),
-                   std::move(message), true, in_doubt, std::chrono::milliseconds(1000)});
+  /// A retryable failure; `in_doubt` when a COMMIT got no answer. `detail`
+  /// (host, SQL, driver text) is internal: clients get a fixed message.
+  static storage_error transient(std::string detail, bool in_doubt = false) {
+    return storage_error(error_info{
+        503, std::string(in_doubt ? codes::commit_in_doubt : codes::storage_unavailable),
+        in_doubt ? "the outcome of the last database commit is unknown; retry with the same key"
+                 : "the database is unavailable; retry later",
+        true, in_doubt, std::chrono::milliseconds(1000), std::move(detail)});
   }
-  /// A failure that retrying will not fix (bad SQL, missing table).
-  static storage_error permanent(std::string message) {
-    return storage_error(
-        error_info{500, "storage_error", std::move(message), false, false, std::nullopt});
+  /// A failure that retrying will not fix (bad SQL, missing table). `detail`
+  /// is internal, as for transient().
+  static storage_error permanent(std::string detail) {
+    return storage_error(error_info{500, std::string(codes::storage_error),
+                                    "the database refused the request", false, false,
+                                    std::nullopt, std::move(detail)});
   }
 };
 
