@@ -119,7 +119,11 @@ response manager::run(const request_id& id, const detail::phases& p,
                       const process_options& options) {
   validate(id);  // bad input: before any database work
   const auto wait_until = clock::now() + options.wait_for;
-  const lease_terms terms = terms_of(config_);
+  lease_terms terms = terms_of(config_);
+  if (options.retention) {
+    if (*options.retention < 0ms) throw config_error("process_options::retention is negative");
+    terms.retention_us = micros(*options.retention);
+  }
   auto poll = 5ms;
 
   // A few rounds at most: a round ends early only when another request

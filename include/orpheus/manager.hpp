@@ -88,6 +88,10 @@ struct process_options {
   /// When another attempt holds the lease, wait up to this long for it to
   /// finish and answer with its recorded response (0: answer 409 at once).
   std::chrono::milliseconds wait_for = 0ms;
+  /// How long this request's terminal record is kept, when not the manager's
+  /// config::retention. For requests nobody can replay (a key the server
+  /// made up for a request that came without one): 0ms, purged next time.
+  std::optional<std::chrono::milliseconds> retention;
 };
 
 /// The result of the RPC phase as Post-RPC sees it: a value, or a classified
