@@ -61,7 +61,7 @@ struct error_info {
   /// What happened in detail (database host, SQL text, an exception's
   /// what()): logged through orpheus::log and kept in the record's
   /// last_error, never sent to the client. `message` is what clients see.
-  std::string internal;
+  std::string internal{};
 };
 
 /// Base of every error Orpheus throws or handlers throw to Orpheus.
