@@ -33,8 +33,25 @@
 //                           retry_after = time left on the lease
 //   409 lease_lost          this attempt's lease was taken over; retryable
 //   503 storage_unavailable / commit_in_doubt   database trouble; retryable
+//   503 post_rpc_failed     the RPC ran but recording failed; retryable
+//   503 pre_state_unreadable  a retry's stored Pre-RPC result no longer reads
+//                           as the handler's type (a rolling deploy); nothing
+//                           was asked downstream; retryable, reason recorded
+//                           in the record's last_error and logged
+//   503 deadline_exceeded   transaction 1 used up the RPC's time; the RPC was
+//                           not started; retryable
 //   an error from Pre-RPC   as classified; nothing was recorded
-//   a retryable RPC outcome the key is left retryable; retryable
+//   a retryable RPC outcome the key is left retryable; retryable. When the
+//                           outcome also says in_doubt (the call may still be
+//                           running downstream: a timeout after sending), the
+//                           lease is kept until the attempt's deadline, so no
+//                           retry overlaps the first call.
+//
+// Pre-RPC and Post-RPC get a `tx` on the library's transaction; statements
+// that would end or escape it (BEGIN, COMMIT, ROLLBACK, SET autocommit, LOCK
+// TABLES, ...) are refused with a non-retryable storage_error. Details of
+// failures (SQL, hosts, exception text) are logged (orpheus/log.hpp) and kept
+// in the record's last_error, never put in the message clients see.
 //
 // Thread safety: process() may be called from any number of threads at once.
 // The store must outlive the manager.
@@ -91,7 +108,7 @@ struct process_options {
   /// How long this request's terminal record is kept, when not the manager's
   /// config::retention. For requests nobody can replay (a key the server
   /// made up for a request that came without one): 0ms, purged next time.
-  std::optional<std::chrono::milliseconds> retention;
+  std::optional<std::chrono::milliseconds> retention{};
 };
 
 /// The result of the RPC phase as Post-RPC sees it: a value, or a classified
@@ -130,8 +147,11 @@ struct outcome_of<outcome<T>> {
 /// The three phases with their types erased; see manager::process().
 struct phases {
   std::function<nlohmann::json(tx&)> pre;
+  /// Reads the stored Pre-RPC result into the handler's type, for the RPC and
+  /// Post-RPC of this attempt; throws when it does not fit that type.
+  std::function<void(const nlohmann::json&)> load;
   /// Runs the RPC; returns nullopt on success, or the classified error.
-  std::function<std::optional<error_info>(const attempt&, const nlohmann::json&)> rpc;
+  std::function<std::optional<error_info>(const attempt&)> rpc;
   std::function<response(tx&, const attempt&)> post;
 };
 }  // namespace detail
@@ -172,27 +192,26 @@ response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& pos
   std::optional<pre_state> state;
   std::optional<outcome_t> result;
   const unclassified_policy policy = config_.unclassified;
-  detail::phases p{
-      [&](tx& t) { return nlohmann::json(std::invoke(pre, t)); },
-      [&](const attempt& a, const nlohmann::json& stored) -> std::optional<error_info> {
-        try {
-          state.emplace(stored.get<pre_state>());
-          result.emplace(std::invoke(rpc, a, std::as_const(*state)));
-        } catch (...) {
-          result.emplace(classify(std::current_exception(), policy));
-        }
-        if (result->ok()) return std::nullopt;
-        return result->error();
-      },
-      [&](tx& t, const attempt& a) -> response {
-        if constexpr (std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&,
-                                          const outcome_t&>) {
-          if (!state) throw storage_error::permanent("the stored Pre-RPC result does not parse");
-          return std::invoke(post, t, a, std::as_const(*state), std::as_const(*result));
-        } else {
-          return std::invoke(post, t, a, std::as_const(*result));
-        }
-      }};
+  detail::phases p{[&](tx& t) { return nlohmann::json(std::invoke(pre, t)); },
+                   [&](const nlohmann::json& stored) { state.emplace(stored.get<pre_state>()); },
+                   [&](const attempt& a) -> std::optional<error_info> {
+                     try {
+                       result.emplace(std::invoke(rpc, a, std::as_const(*state)));
+                     } catch (...) {
+                       result.emplace(classify(std::current_exception(), policy));
+                     }
+                     if (result->ok()) return std::nullopt;
+                     return result->error();
+                   },
+                   [&](tx& t, const attempt& a) -> response {
+                     if constexpr (std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&,
+                                                       const outcome_t&>) {
+                       return std::invoke(post, t, a, std::as_const(*state),
+                                          std::as_const(*result));
+                     } else {
+                       return std::invoke(post, t, a, std::as_const(*result));
+                     }
+                   }};
   return run(id, p, options);
 }
 
