@@ -1,71 +1,125 @@
+// The one place where MySQL / MariaDB error codes are classified.
+//
+// Policy (bug 14 of issue 7: unknown codes used to be retried):
+//
+//  - Retry just the call: a statement or transaction that the server refused
+//    or rolled back for a passing reason (deadlock, lock wait timeout,
+//    statement timeout, KILL QUERY, too many connections, shutdown, read-only
+//    during a fail-over, a Galera node not ready) is retryable: nothing of it
+//    committed.
+//  - Client-side codes (2000-2999, and driver errors without a code): the
+//    link is in an unknown state. Retryable, and the connection is discarded,
+//    never reused: the next statement on it could run outside the
+//    transaction. Same for SQLSTATE class 08 (connection exception).
+//  - Any other server-side code, known or not, is permanent: a statement that
+//    the server rejects for a reason we do not know will most likely be
+//    rejected again, and retrying it forever hides a bug (a schema drift, a
+//    privilege, a syntax error). Nothing committed, so refusing is safe.
+//  - COMMIT is the exception: any failure of COMMIT (known, unknown, server
+//    or client side) is in doubt, since the COMMIT may have landed; only a
+//    rollback the server announces (deadlock, SQLSTATE class 40) is not.
+//  - A transaction that the server has ended (deadlock, SQLSTATE 40, a lost
+//    connection, and a lock wait timeout only under innodb_rollback_on_timeout)
+//    must not run another statement: it would run in a new transaction and
+//    could commit the library's bookkeeping without the application's writes
+//    (bug 4). mysql_store poisons the transaction on `transaction_ended`.
 #include "errors.hpp"
 
 #include <string>
 
 namespace orpheus::mysql_detail {
 
-bool connection_broken(int code) noexcept {
+namespace {
+
+bool is_client_code(int code) noexcept { return code == 0 || (code >= 2000 && code < 3000); }
+
+bool sqlstate_class(const sql::SQLException& e, const char* cls) noexcept {
+  const char* s = e.getSQLStateCStr();
+  return s != nullptr && s[0] == cls[0] && s[0] != '\0' && s[1] == cls[1];
+}
+
+// Server errors that say "not now" rather than "never": nothing of the
+// statement committed, and the same request can succeed later.
+bool transient_server_code(int code) noexcept {
   switch (code) {
-    case 2002:  // cannot connect through socket
-    case 2003:  // cannot connect to server
-    case 2006:  // server has gone away
-    case 2013:  // lost connection during query
-    case 2014:  // commands out of sync: the session state is unknown
-    case 2026:  // SSL connection error
-    case 2055:  // lost connection at handshake/reading
+    case 1205:  // lock wait timeout (and FOR UPDATE NOWAIT on MariaDB)
+    case 1213:  // deadlock: the transaction was rolled back
+    case 1206:  // lock table full: the transaction was rolled back
+    case 1969:  // max_statement_time exceeded (MariaDB)
+    case 3024:  // max_execution_time exceeded (MySQL)
+    case 1317:  // query interrupted (KILL QUERY)
+    case 1040:  // too many connections
+    case 1203:  // max_user_connections
+    case 1226:  // a user resource limit (max_queries_per_hour, ...)
+    case 1290:  // --read-only: a replica, or a master during a fail-over
+    case 1836:  // read-only mode
     case 1053:  // server shutdown in progress
     case 1927:  // connection was killed (MariaDB)
     case 4031:  // disconnected by the server for inactivity (MySQL 8)
+    case 1047:  // Galera: WSREP has not yet prepared node for application use
+    case 1021:  // disk full: the operator frees space
+    case 1037:  // out of memory
+    case 1038:  // out of sort memory
+    case 1041:  // out of memory (server)
+    case 1152:  // aborted connection
+    case 1158:  // network read error
+    case 1159:  // network read timeout
+    case 1160:  // network write error
+    case 1161:  // network write timeout
       return true;
     default:
       return false;
   }
 }
 
-namespace {
-// Statements that can never succeed as written: programming or schema errors,
-// or application constraint violations. Retrying them changes nothing.
-bool permanent(int code) noexcept {
-  switch (code) {
-    case 1048:  // column cannot be null
-    case 1054:  // unknown column
-    case 1062:  // duplicate key
-    case 1064:  // syntax error
-    case 1146:  // table does not exist
-    case 1264:  // out of range value
-    case 1292:  // incorrect value
-    case 1366:  // incorrect string value
-    case 1406:  // data too long
-    case 1451:  // foreign key: parent row in use
-    case 1452:  // foreign key: no parent row
-    case 1210:  // incorrect arguments to EXECUTE
-      return true;
-    default:
-      return false;
-  }
-}
 }  // namespace
 
-storage_error classify(const sql::SQLException& e, std::string_view what, bool in_commit) {
+bool connection_broken(int code) noexcept {
+  if (is_client_code(code)) return true;  // 2002, 2006, 2013, 2014, 2026, 2055, ...
+  switch (code) {
+    case 1053:  // server shutdown in progress
+    case 1927:  // connection was killed (MariaDB)
+    case 4031:  // disconnected by the server for inactivity (MySQL 8)
+    case 1152:  // aborted connection
+    case 1158:  // network read error
+    case 1159:  // network read timeout
+    case 1160:  // network write error
+    case 1161:  // network write timeout
+      return true;
+    default:
+      return false;
+  }
+}
+
+verdict judge(const sql::SQLException& e, bool in_commit, bool rollback_on_timeout) noexcept {
   const int code = e.getErrorCode();
+  verdict v;
+  v.connection_broken = connection_broken(code) || sqlstate_class(e, "08");
+  const bool rolled_back = code == 1213 || code == 1206 || sqlstate_class(e, "40") ||
+                           (code == 1205 && rollback_on_timeout);
+  v.transaction_ended = v.connection_broken || rolled_back;
+  if (in_commit) {
+    // Only an announced rollback is certain; anything else may have landed.
+    v.retryable = true;
+    v.in_doubt = !rolled_back;
+    return v;
+  }
+  v.retryable = v.connection_broken || rolled_back || transient_server_code(code);
+  return v;
+}
+
+storage_error classify(const sql::SQLException& e, std::string_view what, bool in_commit) {
+  const verdict v = judge(e, in_commit, /*rollback_on_timeout=*/false);
   std::string msg = "mysql: ";
   msg.append(what)
       .append(": [")
-      .append(std::to_string(code))
+      .append(std::to_string(e.getErrorCode()))
       .append("/")
       .append(e.getSQLStateCStr())
       .append("] ")
       .append(e.what());
-  // COMMIT that got no answer: it may or may not have landed.
-  if (in_commit && (connection_broken(code) || code == 0)) {
-    return storage_error::transient(std::move(msg), /*in_doubt=*/true);
-  }
-  if (permanent(code)) return storage_error::permanent(std::move(msg));
-  // Deadlock (1213), lock wait timeout (1205), statement timeout (1969,
-  // 3024), KILL QUERY (1317), too many connections (1040, 1203), lost or
-  // refused connections, read-only server (1290, 1836): nothing happened in
-  // this transaction, or the server rolled it back. Retrying is safe.
-  return storage_error::transient(std::move(msg));
+  if (v.retryable) return storage_error::transient(std::move(msg), v.in_doubt);
+  return storage_error::permanent(std::move(msg));
 }
 
 }  // namespace orpheus::mysql_detail
