@@ -62,7 +62,16 @@ class connection {
       throw storage_error::transient("sqlite: cannot open " + o.path + ": " + msg);
     }
     sqlite3_busy_timeout(db_, static_cast<int>(o.busy_timeout.count()));
-    exec("PRAGMA journal_mode=WAL");
+    // The PRAGMA answers with the mode it got, which is not always WAL (a
+    // file on a file system without shared memory, an in-memory database):
+    // the durability and concurrency this store promises rest on WAL.
+    const std::string mode = query_text("PRAGMA journal_mode=WAL");
+    if (mode != "wal") {
+      sqlite3_close(db_);
+      db_ = nullptr;
+      throw config_error("sqlite: " + o.path + " cannot be put in WAL mode (it is in '" + mode +
+                         "' mode)");
+    }
     exec("PRAGMA synchronous=FULL");
     exec("PRAGMA foreign_keys=ON");
   }
@@ -74,6 +83,26 @@ class connection {
   }
 
   sqlite3* db() const { return db_; }
+
+  // The first column of the first row of `sql`, as text ("" when none).
+  std::string query_text(const char* sql) {
+    sqlite3_stmt* stmt = nullptr;
+    int rc = sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr);
+    std::string out;
+    if (rc == SQLITE_OK) {
+      rc = sqlite3_step(stmt);
+      if (rc == SQLITE_ROW) {
+        const auto* t = sqlite3_column_text(stmt, 0);
+        if (t != nullptr) out = reinterpret_cast<const char*>(t);
+        rc = SQLITE_OK;
+      } else if (rc == SQLITE_DONE) {
+        rc = SQLITE_OK;
+      }
+    }
+    sqlite3_finalize(stmt);
+    if (rc != SQLITE_OK) throw_sqlite(db_, rc, sql);
+    return out;
+  }
 
   void exec(const char* sql) {
     char* err = nullptr;
@@ -199,9 +228,18 @@ struct sqlite_store::impl {
     }
   };
 
+  // Waits at most busy_timeout for a connection: a thread that asks while
+  // holding one (or a pool exhausted by stuck callers) gets a retryable error
+  // instead of hanging the process.
   lease_handle borrow() {
     std::unique_lock lock(mutex);
-    available.wait(lock, [&] { return !idle.empty() || open < options.max_connections; });
+    const bool got = available.wait_for(lock, options.busy_timeout, [&] {
+      return !idle.empty() || open < options.max_connections;
+    });
+    if (!got) {
+      throw storage_error::transient("sqlite: no free connection within busy_timeout (" +
+                                     std::to_string(options.max_connections) + " in use)");
+    }
     if (!idle.empty()) {
       auto c = std::move(idle.back());
       idle.pop_back();
@@ -247,10 +285,23 @@ class sqlite_tx final : public store_tx {
   ~sqlite_tx() override { rollback(); }
 
   sql_rows query_values(std::string_view sql, std::span<const sql_value> p) override {
-    return run(conn(), sql, p);
+    check_alive();
+    try {
+      return run(conn(), sql, p);
+    } catch (const storage_error&) {
+      note_if_rolled_back();
+      throw;
+    }
   }
   std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
-    run(conn(), sql, p);
+    check_alive();
+    try {
+      run(conn(), sql, p);
+    } catch (const storage_error&) {
+      note_if_rolled_back();
+      throw;
+    }
+    note_if_rolled_back();  // a ROLLBACK run as a statement ends it too
     return static_cast<std::uint64_t>(sqlite3_changes(conn().db()));
   }
   std::size_t shard() const override { return 0; }
@@ -259,9 +310,11 @@ class sqlite_tx final : public store_tx {
     return execute(
                "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, "
                "attempts, lease_owner, lease_expires_us, created_us, updated_us, "
-               "retry_until_us) VALUES (?, ?, ?, 1, 1, ?, " ORPHEUS_NOW " + ?, " ORPHEUS_NOW
-               ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?) ON CONFLICT DO NOTHING",
-               id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us) == 1;
+               "retry_until_us, expires_us) VALUES (?, ?, ?, 1, 1, ?, " ORPHEUS_NOW
+               " + ?, " ORPHEUS_NOW ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?, " ORPHEUS_NOW
+               " + ?) ON CONFLICT DO NOTHING",
+               id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us,
+               t.retry_window_us + t.retention_us) == 1;
   }
 
   std::optional<record> lock(const request_id& id) override {
@@ -306,6 +359,7 @@ class sqlite_tx final : public store_tx {
   }
 
   void commit() override {
+    check_alive();
     const int rc = sqlite3_exec(conn().db(), "COMMIT", nullptr, nullptr, nullptr);
     if (rc != SQLITE_OK) {
       rollback();
@@ -322,8 +376,31 @@ class sqlite_tx final : public store_tx {
 
  private:
   connection& conn() { return *h_.conn; }
+
+  // SQLite may roll a whole transaction back on an error (I/O, full disk,
+  // out of memory, some SQLITE_BUSY cases). Once that happened, a later
+  // statement would run in autocommit mode and commit on its own: a fenced
+  // finish() would record "succeeded" while the handler's writes are gone.
+  // So the transaction is poisoned: every later statement and commit throws.
+  void note_if_rolled_back() {
+    if (open_ && sqlite3_get_autocommit(conn().db()) != 0) {
+      open_ = false;
+      poisoned_ = true;
+    }
+  }
+  void check_alive() {
+    note_if_rolled_back();
+    if (poisoned_) {
+      throw storage_error::transient(
+          "sqlite: the transaction was already rolled back by an earlier error; nothing of it "
+          "was committed");
+    }
+    if (!open_) throw storage_error::permanent("sqlite: the transaction is already finished");
+  }
+
   sqlite_store::impl::lease_handle h_;
   bool open_ = false;
+  bool poisoned_ = false;
 };
 
 }  // namespace
@@ -353,9 +430,13 @@ std::unique_ptr<store_tx> sqlite_store::begin_on_shard(std::size_t shard) {
 
 std::size_t sqlite_store::purge_expired(std::size_t shard, std::size_t limit) {
   auto t = begin_on_shard(shard);
+  // Terminal records expire `retention` after they finished; records never
+  // finished (abandoned in progress or retryable) `retention` after their
+  // retry window closed. A live lease is never purged from under its attempt.
   const auto n = t->execute(
       "DELETE FROM orpheus_records WHERE rowid IN (SELECT rowid FROM orpheus_records "
-      "WHERE state IN (3, 4) AND expires_us < " ORPHEUS_NOW " ORDER BY expires_us LIMIT ?)",
+      "WHERE expires_us < " ORPHEUS_NOW " AND NOT (state = 1 AND lease_expires_us >= " ORPHEUS_NOW
+      ") ORDER BY expires_us LIMIT ?)",
       static_cast<std::int64_t>(limit));
   t->commit();
   return n;
