@@ -6,7 +6,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <limits>
 #include <thread>
+
+#include "orpheus/log.hpp"
+#include "pre_state.hpp"
 
 namespace orpheus {
 namespace {
@@ -80,17 +85,37 @@ std::string_view to_string(record_state s) noexcept {
 }
 
 void validate(const config& c) {
-  if (c.lease <= 0ms) throw config_error("lease must be positive");
-  if (c.rpc_timeout <= 0ms) throw config_error("rpc_timeout must be positive");
+  // Every duration ends up in microseconds added to the database clock:
+  // refuse what would overflow long before int64 does.
+  constexpr auto longest = std::chrono::duration_cast<std::chrono::milliseconds>(24h * 366 * 100);
+  auto check = [&](std::chrono::milliseconds d, const char* name) {
+    if (d <= 0ms) throw config_error(std::string(name) + " must be positive");
+    if (d > longest) throw config_error(std::string(name) + " must be at most 100 years");
+  };
+  check(c.lease, "lease");
+  check(c.rpc_timeout, "rpc_timeout");
+  check(c.retry_window, "retry_window");
+  check(c.retention, "retention");
   if (c.rpc_timeout >= c.lease) {
     throw config_error(
         "rpc_timeout must be shorter than the lease: Post-RPC has to run "
         "while this attempt still holds the key");
   }
-  if (c.retry_window <= 0ms) {
-    throw config_error("retry_window must be positive");
+  // A lease barely longer than the RPC leaves Post-RPC no time: the attempt
+  // would charge, then lose the lease while recording, every time.
+  if (c.lease - c.rpc_timeout < c.lease / 5) {
+    throw config_error(
+        "rpc_timeout must leave at least a fifth of the lease for recording the "
+        "result (lease - rpc_timeout >= lease / 5)");
   }
-  if (c.retention <= 0ms) throw config_error("retention must be positive");
+  // A terminal record purged while its client may still retry would let the
+  // retry run as a new request: a second charge.
+  if (c.retention < c.retry_window) {
+    throw config_error(
+        "retention must not be shorter than retry_window: a retry that finds its "
+        "record purged runs again as a new request");
+  }
+  if (c.retention <= c.lease) throw config_error("retention must be longer than the lease");
   if (c.max_attempts < 1) throw config_error("max_attempts must be >= 1");
 }
 
@@ -100,6 +125,8 @@ namespace {
 
 /// Best-effort, fenced: releases this attempt's lease so a retry need not wait
 /// for it to expire. Harmless when the lease is gone or the record final.
+/// The caller must hold no transaction of this store: with a pool of one
+/// connection a second begin() would wait for the first forever.
 void release_quietly(store& s, const request_id& id, std::string_view owner,
                      std::string_view why) noexcept {
   try {
@@ -109,8 +136,106 @@ void release_quietly(store& s, const request_id& id, std::string_view owner,
     } else {
       t->rollback();
     }
+  } catch (const std::exception& e) {  // the lease expiry covers it
+    log(log_level::warning,
+        std::string("could not release a lease early (it will expire): ") + e.what());
   } catch (...) {  // NOLINT(bugprone-empty-catch): the lease expiry covers it
   }
+}
+
+/// Under transaction 2: keeps this attempt's lease until `until` instead of
+/// releasing it. Used when the RPC's outcome is unknown: the call may still be
+/// running downstream, and a retry must not overlap it. Fenced like release().
+bool hold_until(store_tx& t, const request_id& id, std::string_view owner,
+                std::chrono::steady_clock::time_point until, const lease_terms& terms) {
+  const std::optional<record> r = t.lock(id);
+  if (!r || r->state != record_state::in_progress || r->lease_owner != owner) return false;
+  lease_terms held = terms;
+  held.lease_us = std::max<std::int64_t>(
+      1000, std::chrono::duration_cast<std::chrono::microseconds>(until - clock::now()).count());
+  t.take_lease(id, owner, r->attempts, held);
+  return true;
+}
+
+/// What Pre-RPC and Post-RPC get as their `tx`: the application's SQL on the
+/// library's transaction, and nothing that could end that transaction. A
+/// handler that ran COMMIT or ROLLBACK would make the library's bookkeeping
+/// commit on its own, apart from the handler's writes.
+class app_tx final : public tx {
+ public:
+  explicit app_tx(store_tx& t) : t_(t) {}
+  sql_rows query_values(std::string_view sql, std::span<const sql_value> params) override {
+    refuse_transaction_control(sql);
+    return t_.query_values(sql, params);
+  }
+  std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> params) override {
+    refuse_transaction_control(sql);
+    return t_.execute_values(sql, params);
+  }
+  [[nodiscard]] std::size_t shard() const override { return t_.shard(); }
+
+ private:
+  static std::string first_words(std::string_view sql) {
+    std::string out;
+    std::size_t i = 0;
+    int words = 0;
+    while (i < sql.size() && words < 2) {
+      const auto c = static_cast<unsigned char>(sql[i]);
+      if (std::isspace(c) != 0) {
+        ++i;
+      } else if (sql.substr(i, 2) == "--") {
+        while (i < sql.size() && sql[i] != '\n') ++i;
+      } else if (sql.substr(i, 2) == "/*") {
+        const auto close = sql.find("*/", i + 2);
+        i = close == std::string_view::npos ? sql.size() : close + 2;
+      } else {
+        if (!out.empty()) out.push_back(' ');
+        while (i < sql.size() && (std::isalpha(static_cast<unsigned char>(sql[i])) != 0)) {
+          out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(sql[i]))));
+          ++i;
+        }
+        ++words;
+        if (i < sql.size() && std::isalpha(static_cast<unsigned char>(sql[i])) == 0 &&
+            std::isspace(static_cast<unsigned char>(sql[i])) == 0) {
+          break;  // '=' or ';' or '(' ends the statement's head
+        }
+      }
+    }
+    return out;
+  }
+
+  static void refuse_transaction_control(std::string_view sql) {
+    const std::string head = first_words(sql);
+    const std::string_view first = std::string_view(head).substr(0, head.find(' '));
+    const bool ends_tx = first == "BEGIN" || first == "COMMIT" || first == "END" ||
+                         first == "START" || first == "XA" || first == "LOCK" ||
+                         first == "UNLOCK" || head == "SET AUTOCOMMIT" ||
+                         (first == "ROLLBACK" && head != "ROLLBACK TO");
+    if (ends_tx) {
+      throw storage_error::permanent(
+          "Pre-RPC and Post-RPC may not begin, end or lock outside the library's "
+          "transaction (" +
+          head + ")");
+    }
+  }
+
+  store_tx& t_;
+};
+
+/// Why the stored Pre-RPC result could not be handed to this attempt.
+error_info unreadable_pre_state(std::string_view why) {
+  return error_info{503,
+                    std::string(codes::pre_state_unreadable),
+                    "the stored request state cannot be read by this server version; "
+                    "retry later",
+                    true,
+                    false,
+                    std::chrono::milliseconds(1000),
+                    std::string(why)};
+}
+
+std::string reason_of(const error_info& e) {
+  return e.code + ": " + (e.internal.empty() ? e.message : e.internal);
 }
 
 }  // namespace
@@ -147,38 +272,52 @@ response manager::run(const request_id& id, const detail::phases& p,
 
     // 2. Acquire (transaction 1).
     const auto started = clock::now();
-    // What transaction 1 leaves for the RPC: the attempt and the Pre-RPC result.
+    // What transaction 1 leaves for the RPC: the attempt number, and the
+    // Pre-RPC result loaded into the handler's type by p.load.
     int attempt_number = 0;
-    nlohmann::json pre_state;
     std::string owner = new_owner_token();
+    std::optional<error_info> unreadable;  // a take-over that cannot go on
     try {
       auto t = store_.begin(id);
-      std::optional<record> locked;
+      app_tx handler_tx(*t);
       if (!seen) {
         if (t->insert(id, owner, terms)) {
           // A new request: Pre-RPC runs here, once per key, with the lease row.
           nlohmann::json pre;
           try {
-            pre = p.pre(*t);
+            pre = p.pre(handler_tx);
           } catch (const storage_error&) {
             throw;
           } catch (...) {
             t->rollback();
             throw error(classify(std::current_exception(), config_.unclassified));
           }
-          if (!t->save_pre_state(id, owner, pre.dump())) {
-            throw storage_error::permanent(
-                "lease row vanished inside its own "
-                "transaction");
+          const std::string stored = detail::encode_pre_state(pre);
+          // The RPC gets what a retry would get: the stored form, read back.
+          // A result whose JSON does not read back as its type (a NaN, an
+          // asymmetric to_json) is a handler bug: roll back, nothing happened.
+          try {
+            p.load(*detail::decode_pre_state(stored));
+          } catch (const std::exception& e) {
+            t->rollback();
+            error_info why = unreadable_pre_state(e.what());
+            why.http_status = 500;
+            why.retryable = false;
+            why.retry_after.reset();
+            why.message = "the Pre-RPC result does not read back as its own type";
+            log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(why));
+            throw error(why);
+          }
+          if (!t->save_pre_state(id, owner, stored)) {
+            throw storage_error::permanent("lease row vanished inside its own transaction");
           }
           attempt_number = 1;
-          pre_state = std::move(pre);
         } else {
           t->rollback();  // someone inserted first; drop its lock and re-read
           continue;
         }
       } else {
-        locked = t->lock(id);
+        std::optional<record> locked = t->lock(id);
         if (!locked) {  // purged between the read and the lock
           t->rollback();
           continue;
@@ -208,14 +347,29 @@ response manager::run(const request_id& id, const detail::phases& p,
           t->take_lease(id, owner, locked->attempts, terms);
           t->finish(id, owner, record_state::failed, r, why.message, terms);
           t->commit();
+          log(log_level::warning, "scope " + id.scope + " key " + id.key + ": " + why.code +
+                                      " after " + std::to_string(locked->attempts) +
+                                      " attempts; last error: " + locked->last_error);
           return r;
         }
-        pre_state = nlohmann::json::parse(locked->pre_state, nullptr, /*allow_exceptions=*/false);
-        if (pre_state.is_discarded()) {
-          throw storage_error::permanent("the stored Pre-RPC result of this key is unreadable");
+        // The stored Pre-RPC result must still read as the handler's type
+        // (a rolling deploy may have changed it). If it does not, nothing is
+        // asked downstream and nothing is final: the key stays retryable, the
+        // reason is recorded, and a server that can read it will finish it.
+        try {
+          const auto stored = detail::decode_pre_state(locked->pre_state);
+          if (!stored) throw std::runtime_error("not JSON, not the binary form");
+          p.load(*stored);
+        } catch (const std::exception& e) {
+          unreadable = unreadable_pre_state(e.what());
         }
-        t->take_lease(id, owner, locked->attempts + 1, terms);
-        attempt_number = locked->attempts + 1;
+        if (unreadable) {
+          t->take_lease(id, owner, locked->attempts, terms);
+          t->release(id, owner, reason_of(*unreadable));
+        } else {
+          t->take_lease(id, owner, locked->attempts + 1, terms);
+          attempt_number = locked->attempts + 1;
+        }
       }
       t->commit();
     } catch (const storage_error& e) {
@@ -224,41 +378,65 @@ response manager::run(const request_id& id, const detail::phases& p,
       if (e.in_doubt()) release_quietly(store_, id, owner, e.what());
       throw;
     }
+    if (unreadable) {
+      log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(*unreadable));
+      throw error(*unreadable);
+    }
 
     // 3. RPC, outside any transaction, with a deadline before the lease ends
     // (the lease started after `started`, on the database clock).
     const attempt a(id, attempt_number, started + config_.rpc_timeout);
-    const std::optional<error_info> failure = p.rpc(a, pre_state);
+    if (clock::now() >= a.deadline()) {
+      // Transaction 1 took the whole RPC budget (a stalled database): an RPC
+      // started now could outlive the lease and overlap a take-over.
+      release_quietly(store_, id, owner, "the RPC deadline passed before the RPC started");
+      throw error(error_info{503, std::string(codes::deadline_exceeded),
+                             "the request ran out of time before calling downstream; retry "
+                             "with the same key",
+                             true, false, std::chrono::milliseconds(1000)});
+    }
+    const std::optional<error_info> failure = p.rpc(a);
 
     // 4. Record (transaction 2), fenced by the owner token.
     try {
       auto t = store_.begin(id);
+      app_tx handler_tx(*t);
       response r;
       try {
-        r = p.post(*t, a);
+        r = p.post(handler_tx, a);
       } catch (const storage_error&) {
         throw;
       } catch (...) {
         // The RPC ran: this is never "nothing happened". Leave the key
-        // retryable so the next attempt (is_retry) can finish it.
+        // retryable so the next attempt (is_retry) can finish it. Give the
+        // connection back first: release_quietly needs one of its own.
         t->rollback();
+        t.reset();
         const error_info cause = classify(std::current_exception(), config_.unclassified);
-        release_quietly(store_, id, owner, cause.message);
+        release_quietly(store_, id, owner, reason_of(cause));
+        log(log_level::error, "scope " + id.scope + " key " + id.key +
+                                  ": Post-RPC failed after the RPC ran: " + reason_of(cause));
         throw error(error_info{503, std::string(codes::post_rpc_failed),
-                               "recording the result failed: " + cause.message, true, false,
-                               std::chrono::milliseconds(1000)});
+                               "recording the result failed; retry with the same key", true, false,
+                               std::chrono::milliseconds(1000), reason_of(cause)});
       }
       bool fenced = false;
       if (!failure) {
         fenced = t->finish(id, owner, record_state::succeeded, r, {}, terms);
       } else if (!failure->retryable) {
-        fenced = t->finish(id, owner, record_state::failed, r,
-                           failure->code + ": " + failure->message, terms);
+        fenced = t->finish(id, owner, record_state::failed, r, reason_of(*failure), terms);
+      } else if (failure->in_doubt) {
+        // The downstream outcome is unknown and the call may still be running
+        // there: keep the key until this attempt's deadline has passed.
+        fenced = hold_until(*t, id, owner, a.deadline(), terms);
       } else {
-        fenced = t->release(id, owner, failure->code + ": " + failure->message);
+        fenced = t->release(id, owner, reason_of(*failure));
       }
       if (!fenced) {
         t->rollback();
+        log(log_level::warning, "scope " + id.scope + " key " + id.key +
+                                    ": lease lost before recording; attempt " +
+                                    std::to_string(a.number()) + " not recorded");
         throw error(error_info{409, std::string(codes::lease_lost),
                                "this attempt's lease expired and was taken "
                                "over; its result was not recorded",
@@ -268,13 +446,17 @@ response manager::run(const request_id& id, const detail::phases& p,
       if (failure && failure->retryable) throw error(*failure);
       return r;
     } catch (const storage_error& e) {
-      release_quietly(store_, id, owner, e.what());
+      // An in-doubt RPC keeps its lease to its deadline (see hold_until):
+      // releasing it here would let a retry overlap the call downstream.
+      if (!(failure && failure->in_doubt)) release_quietly(store_, id, owner, e.what());
       if (e.retryable()) throw;
       // Even a permanent database error here leaves the key retryable: the
       // RPC ran, so the client must come back and let a retry finish it.
+      log(log_level::error, "scope " + id.scope + " key " + id.key +
+                                ": recording the result failed after the RPC ran: " + e.what());
       throw error(error_info{503, std::string(codes::post_rpc_failed),
-                             std::string("recording the result failed: ") + e.what(), true, false,
-                             std::chrono::milliseconds(1000)});
+                             "recording the result failed; retry with the same key", true, false,
+                             std::chrono::milliseconds(1000), e.what()});
     }
   }
   // Only a storm of inserts and purges on one key gets here.

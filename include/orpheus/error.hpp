@@ -45,6 +45,8 @@ inline constexpr std::string_view retry_window_exhausted = "retry_window_exhaust
 inline constexpr std::string_view unclassified = "unclassified_error";
 inline constexpr std::string_view post_rpc_failed = "post_rpc_failed";
 inline constexpr std::string_view storage_error = "storage_error";
+inline constexpr std::string_view pre_state_unreadable = "pre_state_unreadable";
+inline constexpr std::string_view deadline_exceeded = "deadline_exceeded";
 }  // namespace codes
 
 /// The plain data of an error: what travels to the client and what is recorded.
@@ -140,8 +142,8 @@ class storage_error : public error {
   /// is internal, as for transient().
   static storage_error permanent(std::string detail) {
     return storage_error(error_info{500, std::string(codes::storage_error),
-                                    "the database refused the request", false, false,
-                                    std::nullopt, std::move(detail)});
+                                    "the database refused the request", false, false, std::nullopt,
+                                    std::move(detail)});
   }
 };
 

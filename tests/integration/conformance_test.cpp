@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -361,7 +362,12 @@ TEST_P(Conformance, UnclassifiedExceptionsAreNonRetryableByDefault) {
   });
   EXPECT_EQ(r.status, 500);
   EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::unclassified);
-  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::failed);
+  EXPECT_EQ(r.body.find("bug in the RPC"), std::string::npos)
+      << "an exception's text is internal, not for the client: " << r.body;
+  const auto rec = store_->inspect(id("k1"));
+  EXPECT_EQ(rec->state, record_state::failed);
+  EXPECT_NE(rec->last_error.find("bug in the RPC"), std::string::npos)
+      << "the detail is kept for people: " << rec->last_error;
 }
 
 TEST_P(Conformance, UnclassifiedExceptionsCanBeConfiguredRetryable) {
@@ -522,20 +528,210 @@ TEST_P(Conformance, APermanentDatabaseErrorInPostRpcIsStillRetryable) {
   EXPECT_EQ(rpc_calls, 2);
 }
 
-TEST_P(Conformance, AnUnreadableStoredPreRpcResultIsAClassifiedError) {
+// Issue 7.6: a stored Pre-RPC result this build cannot read (corrupt, or a
+// type changed in a rolling deploy) was a final non-retryable failure. Nothing
+// was asked downstream and nothing is final: it must stay retryable, with the
+// reason recorded, so that a build that can read it finishes it.
+TEST_P(Conformance, AnUnreadableStoredPreRpcResultStaysRetryableWithTheReasonRecorded) {
   manager m(*store_, short_lease());
-  const auto rid = id("corrupt");
-  leave_crashed_attempt(*store_, rid, "{not json", 1000);
-  std::this_thread::sleep_for(50ms);
-  counters c;
+  int n = 0;
+  for (const std::string& stored : {std::string("{not json"), std::string(R"({"id": 5})")}) {
+    const auto rid = id("corrupt-" + std::to_string(++n));
+    leave_crashed_attempt(*store_, rid, stored, 1000);
+    std::this_thread::sleep_for(50ms);
+    counters c;
+    try {
+      pay(m, rid, c);
+      ADD_FAILURE() << "ran with an unreadable Pre-RPC result " << stored;
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << stored;
+      EXPECT_EQ(e.code(), codes::pre_state_unreadable);
+    }
+    EXPECT_EQ(c.rpc, 0) << "nothing may be sent downstream without the stored request";
+    const auto rec = store_->inspect(rid);
+    EXPECT_EQ(rec->state, record_state::retryable);
+    EXPECT_EQ(rec->attempts, 1) << "no attempt ran";
+    EXPECT_TRUE(rec->lease_owner.empty());
+    EXPECT_NE(rec->last_error.find(codes::pre_state_unreadable), std::string::npos)
+        << rec->last_error;
+    EXPECT_EQ(rec->pre_state, stored) << "the stored result is kept as it was";
+  }
+}
+
+// Issue 7.8: a Pre-RPC result holding bytes that are not UTF-8 (the raw body
+// of the wrap example) failed with a non-retryable 500 from json::dump.
+TEST_P(Conformance, APreRpcResultThatIsNotUtf8IsStoredFaithfully) {
+  manager m(*store_, short_lease());
+  const auto rid = id("bytes");
+  const std::string raw("amount=\xff\xfe\x00\x80" "end", 14);
+  std::vector<std::string> seen;
+  auto run = [&](bool fail) {
+    return m.process(
+        rid, [&](tx&) { return raw; },
+        [&](const attempt&, const std::string& p) {
+          seen.push_back(p);
+          if (fail) throw retryable_error("bank_unavailable", "503");
+          return 1;
+        },
+        [](tx&, const attempt&, const outcome<int>& o) {
+          return o.ok() ? response{201, {}, "ok"} : problem_response(o.error());
+        });
+  };
+  EXPECT_THROW(run(true), error);
+  EXPECT_EQ(run(false).status, 201);
+  ASSERT_EQ(seen.size(), 2U);
+  EXPECT_EQ(seen[0], raw);
+  EXPECT_EQ(seen[1], raw) << "the retry must send downstream exactly what the first did";
+}
+
+// A Pre-RPC result whose JSON does not read back as its own type (NaN is
+// written as null) is a handler bug found before anything is stored.
+TEST_P(Conformance, APreRpcResultThatDoesNotReadBackIsRefusedAndNothingIsRecorded) {
+  manager m(*store_);
+  const auto rid = id("nan");
+  int rpc_calls = 0;
   try {
-    pay(m, rid, c);
-    ADD_FAILURE() << "ran with an unreadable Pre-RPC result";
+    m.process(
+        rid, [](tx&) { return std::numeric_limits<double>::quiet_NaN(); },
+        [&](const attempt&, double) { return ++rpc_calls; },
+        [](tx&, const attempt&, const outcome<int>&) { return response{}; });
+    ADD_FAILURE() << "accepted a Pre-RPC result that cannot be stored";
   } catch (const error& e) {
     EXPECT_FALSE(e.retryable());
+    EXPECT_EQ(e.code(), codes::pre_state_unreadable);
   }
-  EXPECT_EQ(c.rpc, 0);
-  EXPECT_EQ(store_->inspect(rid)->attempts, 1) << "nothing changed";
+  EXPECT_EQ(rpc_calls, 0);
+  EXPECT_FALSE(store_->inspect(rid));
+}
+
+// Issue 7.5: after a timeout the bank may still be charging. Releasing the
+// lease at once let the retry overlap the first call.
+TEST_P(Conformance, AnInDoubtRpcOutcomeKeepsTheLeaseUntilTheAttemptsDeadline) {
+  manager m(*store_, short_lease());  // lease 600ms, RPC deadline 400ms
+  const auto rid = id("in-doubt");
+  counters c;
+  try {
+    pay(m, rid, c, [](const attempt&, const payment&) -> std::string {
+      error_info e{504, "gateway_timeout", "no answer from the bank", true, true, std::nullopt};
+      throw error(e);
+    });
+    ADD_FAILURE() << "an in-doubt outcome was not reported";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_TRUE(e.in_doubt());
+  }
+  const auto held = store_->inspect(rid);
+  EXPECT_EQ(held->state, record_state::in_progress) << "the key stays held";
+  EXPECT_FALSE(held->lease_owner.empty());
+  EXPECT_LE(held->lease_expires_us - held->db_now_us, 400'000) << "held to the deadline only";
+  try {
+    pay(m, rid, c);
+    ADD_FAILURE() << "a retry ran while the first call could still be running";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress);
+  }
+  EXPECT_EQ(c.rpc, 1);
+  std::this_thread::sleep_for(450ms);
+  EXPECT_EQ(pay(m, rid, c).status, 201);
+  EXPECT_EQ(c.retries, (std::vector<bool>{false, true}));
+}
+
+// Issue 7.14: an RPC started after its deadline can outlive the lease and
+// overlap a take-over.
+TEST_P(Conformance, TheRpcIsNotStartedAfterItsDeadline) {
+  manager m(*store_, short_lease());  // RPC deadline 400ms after transaction 1 began
+  const auto rid = id("late");
+  int rpc_calls = 0;
+  auto run = [&](std::chrono::milliseconds pre_takes) {
+    return m.process(
+        rid,
+        [&](tx&) {
+          std::this_thread::sleep_for(pre_takes);
+          return 1;
+        },
+        [&](const attempt&, int) { return ++rpc_calls; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {}, "ok"};
+        });
+  };
+  try {
+    run(450ms);
+    ADD_FAILURE() << "the RPC phase ran past its deadline";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::deadline_exceeded);
+    EXPECT_TRUE(e.retryable());
+  }
+  EXPECT_EQ(rpc_calls, 0);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
+  EXPECT_EQ(run(0ms).status, 201);
+  EXPECT_EQ(rpc_calls, 1);
+}
+
+// Issue 7.4: a handler that ends the library's transaction (COMMIT, ROLLBACK)
+// would make the fenced bookkeeping commit on its own, apart from the
+// handler's writes. Such statements are refused before they run.
+TEST_P(Conformance, HandlersCannotEndTheLibrarysTransaction) {
+  manager m(*store_);
+  const auto rid = id("tx-control");
+  const std::string pid = scope_ + "/tx-control";
+  int refused = 0;
+  auto swallow = [&](tx& t, std::string_view sql) {
+    try {
+      t.execute(sql);
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << sql;
+      ++refused;
+    }
+  };
+  const auto r = m.process(
+      rid,
+      [&](tx& t) {
+        t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", pid, 7);
+        for (auto sql : {"ROLLBACK", " commit", "/* x */ BEGIN", "SET autocommit=1",
+                         "start transaction", "-- c\nEND"}) {
+          swallow(t, sql);
+        }
+        return 1;
+      },
+      [](const attempt&, int) { return 2; },
+      [&](tx& t, const attempt&, const outcome<int>&) {
+        swallow(t, "COMMIT");
+        t.execute("UPDATE test_payments SET result = 'done' WHERE id = ?", pid);
+        return response{201, {}, "ok"};
+      });
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(refused, 7);
+  EXPECT_EQ(app_amount(pid), 7) << "the handler's write committed with the record";
+  EXPECT_EQ(app_result(pid), "done");
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::succeeded);
+}
+
+// Issue 7.12: records that never finish were never purged.
+TEST_P(Conformance, AbandonedRecordsArePurgedAfterTheirWindowAndRetentionButNeverALiveLease) {
+  config cfg;
+  cfg.lease = 400ms;
+  cfg.rpc_timeout = 300ms;
+  cfg.retry_window = 100ms;
+  cfg.retention = 500ms;
+  manager m(*store_, cfg);
+  while (m.purge_expired(1000) > 0) {
+  }
+  counters c;
+  EXPECT_THROW(
+      pay(m, id("abandoned"), c,
+          [](const attempt&, const payment&) -> std::string { throw retryable_error("x", "y"); }),
+      error);
+  // A crashed attempt whose lease is still live long after: never purged.
+  const auto live = id("live");
+  {
+    auto t = store_->begin(live);
+    ASSERT_TRUE(t->insert(live, "cafecafecafecafecafecafecafecafe", {60'000'000, 1000, 1000}));
+    t->commit();
+  }
+  std::this_thread::sleep_for(700ms);
+  EXPECT_EQ(m.purge_expired(100), 1U);
+  EXPECT_FALSE(store_->inspect(id("abandoned")));
+  EXPECT_TRUE(store_->inspect(live)) << "a live lease is never purged from under its attempt";
 }
 
 TEST_P(Conformance, OneKeyInTwoScopesIsTwoRequests) {
@@ -554,7 +750,10 @@ TEST_P(Conformance, OneKeyInTwoScopesIsTwoRequests) {
 
 TEST_P(Conformance, RetentionPurgeDeletesExpiredRecordsInBoundedBatches) {
   config cfg;
-  cfg.retention = 50ms;
+  cfg.lease = 400ms;
+  cfg.rpc_timeout = 300ms;
+  cfg.retry_window = 50ms;
+  cfg.retention = 500ms;
   manager m(*store_, cfg);
   while (m.purge_expired(1000) > 0) {
   }
@@ -566,7 +765,7 @@ TEST_P(Conformance, RetentionPurgeDeletesExpiredRecordsInBoundedBatches) {
       pay(keep, id("retryable"), c,
           [](const attempt&, const payment&) -> std::string { throw retryable_error("x", "y"); }),
       error);
-  std::this_thread::sleep_for(100ms);
+  std::this_thread::sleep_for(600ms);
   EXPECT_EQ(m.purge_expired(2), 2U);
   EXPECT_EQ(m.purge_expired(2), 2U);
   EXPECT_EQ(m.purge_expired(2), 1U);

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
 #include "orpheus/manager.hpp"
 
 namespace orpheus {
@@ -24,8 +27,43 @@ TEST(Config, RpcTimeoutMustBeShorterThanTheLease) {
   expect_refused(c);
   c.rpc_timeout = 11s;
   expect_refused(c);
-  c.rpc_timeout = 9s;
+  c.rpc_timeout = 8s;
   EXPECT_NO_THROW(validate(c));
+}
+
+// Issue 7.10: configurations that were accepted and cannot work.
+TEST(Config, TheLeaseMustLeaveTimeToRecordAfterTheRpc) {
+  config c;
+  c.lease = 10s;
+  c.rpc_timeout = 9s;  // one second to record after a 9 s RPC: refused
+  expect_refused(c);
+  c.rpc_timeout = 8s;
+  EXPECT_NO_THROW(validate(c));
+}
+
+TEST(Config, RetentionMustOutlastTheRetryWindow) {
+  // A record purged while its client may still retry runs again as new.
+  config c;
+  c.retry_window = 48h;
+  c.retention = 24h;
+  expect_refused(c);
+  c.retention = 48h;
+  EXPECT_NO_THROW(validate(c));
+  c = config{};
+  c.retention = c.lease;
+  c.retry_window = c.lease;
+  expect_refused(c);  // retention must be longer than a lease
+}
+
+TEST(Config, DurationsThatWouldOverflowAreRefused) {
+  for (auto field :
+       {&config::lease, &config::rpc_timeout, &config::retry_window, &config::retention}) {
+    config c;
+    c.*field = std::chrono::milliseconds::max();
+    expect_refused(c);
+    c.*field = std::chrono::milliseconds(std::numeric_limits<std::int64_t>::max() / 1000 + 1);
+    expect_refused(c);
+  }
 }
 
 TEST(Config, RefusesNonPositiveValues) {
