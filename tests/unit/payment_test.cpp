@@ -74,13 +74,17 @@ TEST(Payment, ErrorsAreClassified) {
     bool in_doubt;
     int http;
   };
-  for (const auto& x :
-       std::vector<expectation>{{gateway_status::declined, false, false, 402},
-                                {gateway_status::invalid, false, false, 422},
-                                {gateway_status::server_error, true, true, 502},
-                                {gateway_status::timeout, true, true, 504},
-                                {gateway_status::reset, true, true, 502},
-                                {gateway_status::connect_failed, true, false, 503}}) {
+  for (const auto& x : std::vector<expectation>{{gateway_status::declined, false, false, 402},
+                                                {gateway_status::invalid, false, false, 422},
+                                                {gateway_status::server_error, true, true, 502},
+                                                {gateway_status::timeout, true, true, 504},
+                                                {gateway_status::reset, true, true, 502},
+                                                {gateway_status::connect_failed, true, false, 503},
+                                                // Issue 7, defect 5: a 409 means the gateway is
+                                                // still working on a charge with this key (in
+                                                // doubt); a 429 that it did not look at it.
+                                                {gateway_status::in_progress, true, true, 503},
+                                                {gateway_status::throttled, true, false, 503}}) {
     simulated_gateway g;
     g.charge_answer = {x.status, "", "detail"};
     try {
@@ -94,6 +98,25 @@ TEST(Payment, ErrorsAreClassified) {
   }
 }
 
+// Issue 7, defect 5: on a retry, a status query the gateway refuses (mapped
+// to `invalid`, as a 400/403 would be) said nothing about the earlier charge,
+// yet it was classified final (invalid_payment, 422): money possibly charged,
+// the record failed for good. Whatever does not settle the earlier charge
+// leaves it unknown: retryable, in doubt, and no second charge.
+TEST(Payment, ARetryWhoseStatusQueryIsRefusedStaysRetryableAndInDoubt) {
+  simulated_gateway g;
+  g.status_answer = {gateway_status::invalid, "", "bank answered 403"};
+  try {
+    charge_once(g, retry(), req);
+    ADD_FAILURE() << "no charge id without an answer";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.code();
+    EXPECT_TRUE(e.in_doubt()) << e.code();
+  }
+  EXPECT_EQ(g.calls, std::vector<std::string>{"status:" + retry().downstream_key("charge")})
+      << "charging again while the earlier charge is unknown risks a double charge";
+}
+
 TEST(Payment, NoTimeLeftIsAnUnknownOutcomeNotACharge) {
   simulated_gateway g;
   const attempt late(id, 1, std::chrono::steady_clock::now() - 1ms);
@@ -102,8 +125,81 @@ TEST(Payment, NoTimeLeftIsAnUnknownOutcomeNotACharge) {
     ADD_FAILURE();
   } catch (const error& e) {
     EXPECT_TRUE(e.retryable());
+    EXPECT_FALSE(e.in_doubt()) << "a first attempt that sent nothing charged nothing";
   }
   EXPECT_TRUE(g.calls.empty());
+  // A retry without time left has not learnt what the earlier charge did.
+  const attempt late_retry(id, 2, std::chrono::steady_clock::now() - 1ms);
+  try {
+    charge_once(g, late_retry, req);
+    ADD_FAILURE();
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_TRUE(e.in_doubt());
+  }
+  EXPECT_TRUE(g.calls.empty());
+}
+
+// Issue 7, defect 5: every status answer that does not settle the earlier
+// charge (refused, busy, throttled, failed, unanswered) leaves the charge
+// unknown: retryable, in doubt, and never a second charge in this attempt.
+TEST(Payment, ARetryWhoseStatusQueryDoesNotSettleTheChargeNeverChargesAgain) {
+  for (const auto status :
+       {gateway_status::invalid, gateway_status::in_progress, gateway_status::throttled,
+        gateway_status::server_error, gateway_status::timeout, gateway_status::reset,
+        gateway_status::connect_failed}) {
+    simulated_gateway g;
+    g.status_answer = {status, "", "detail"};
+    try {
+      charge_once(g, retry(), req);
+      ADD_FAILURE() << static_cast<int>(status);
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << static_cast<int>(status);
+      EXPECT_TRUE(e.in_doubt()) << static_cast<int>(status);
+    }
+    EXPECT_EQ(g.calls.size(), 1U) << static_cast<int>(status);
+  }
+}
+
+// Issue 7, defect 5: the bank does not know the charge yet (status 404) but
+// refuses the new one with 409 because the first is still running there.
+TEST(Payment, A409WhileTheFirstChargeIsInFlightIsRetryableAndInDoubt) {
+  simulated_gateway g;
+  g.charge_answer = {gateway_status::in_progress, "", "bank answered 409"};
+  try {
+    charge_once(g, retry(), req);
+    ADD_FAILURE();
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_TRUE(e.in_doubt());
+    EXPECT_NE(e.code(), "invalid_payment");
+  }
+}
+
+// The one mapping from a gateway's HTTP status to a gateway_status, so that
+// no gateway adapter turns a 409 or 429 into `invalid` again.
+TEST(Payment, HttpStatusesMapToGatewayStatuses) {
+  struct expectation {
+    unsigned http;
+    gateway_status status;
+  };
+  for (const auto& x : std::vector<expectation>{{200, gateway_status::charged},
+                                                {201, gateway_status::charged},
+                                                {400, gateway_status::invalid},
+                                                {402, gateway_status::declined},
+                                                {403, gateway_status::invalid},
+                                                {404, gateway_status::not_found},
+                                                {408, gateway_status::timeout},
+                                                {409, gateway_status::in_progress},
+                                                {422, gateway_status::invalid},
+                                                {425, gateway_status::in_progress},
+                                                {429, gateway_status::throttled},
+                                                {500, gateway_status::server_error},
+                                                {502, gateway_status::server_error},
+                                                {503, gateway_status::server_error},
+                                                {504, gateway_status::timeout}}) {
+    EXPECT_EQ(status_of_http(x.http), x.status) << x.http;
+  }
 }
 
 }  // namespace

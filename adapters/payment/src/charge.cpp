@@ -6,7 +6,9 @@ namespace orpheus::payment {
 namespace {
 
 // The outcome is unknown: retryable, and flagged in doubt so nobody reads it
-// as "nothing happened".
+// as "nothing happened", and so the manager keeps the lease until the
+// attempt's deadline instead of letting a retry overlap a charge that may
+// still be running at the gateway.
 [[noreturn]] void unknown_outcome(int status, std::string code, const std::string& detail) {
   throw error(error_info{
       status, std::move(code),
@@ -21,6 +23,30 @@ std::chrono::milliseconds left(const attempt& a) {
 
 }  // namespace
 
+gateway_status status_of_http(unsigned http_status) noexcept {
+  if (http_status >= 200 && http_status < 300) return gateway_status::charged;
+  switch (http_status) {
+    case 402:
+      return gateway_status::declined;
+    case 404:
+      return gateway_status::not_found;
+    case 408:
+    case 504:
+      return gateway_status::timeout;
+    case 409:  // the gateway is still processing a request with this key
+    case 425:  // Too Early: the same, in RFC 8470's words
+      return gateway_status::in_progress;
+    case 429:
+      return gateway_status::throttled;
+    default:
+      break;
+  }
+  if (http_status >= 400 && http_status < 500) return gateway_status::invalid;
+  // 5xx, and statuses a payment API has no business sending (1xx, 3xx): the
+  // outcome is unknown, never a refusal.
+  return gateway_status::server_error;
+}
+
 std::string classify(const gateway_answer& answer) {
   switch (answer.status) {
     case gateway_status::charged:
@@ -33,6 +59,16 @@ std::string classify(const gateway_answer& answer) {
     case gateway_status::connect_failed:
       throw retryable_error("gateway_unreachable", "could not reach the gateway: " + answer.detail,
                             503);
+    case gateway_status::throttled:
+      // A 429 is an answer to this request alone: the gateway did not act on
+      // it. Retryable, not in doubt (issue 7, defect 5: it was invalid_payment).
+      throw retryable_error("gateway_throttled", "the gateway asked to slow down: " + answer.detail,
+                            503, std::chrono::milliseconds(1000));
+    case gateway_status::in_progress:
+      // A 409: a charge with this key is still running at the gateway, so its
+      // outcome is unknown (issue 7, defect 5: it was invalid_payment, a
+      // final failure recorded over money that was being charged).
+      unknown_outcome(503, "gateway_in_progress", answer.detail);
     case gateway_status::timeout:
       unknown_outcome(504, "gateway_timeout", answer.detail);
     case gateway_status::not_found:  // a status answer where a charge answer was due
@@ -48,13 +84,32 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
   const std::string key = a.downstream_key(step);
   auto time_left = [&] {
     const auto t = left(a);
-    if (t.count() <= 0) unknown_outcome(504, "gateway_timeout", "no time left before the deadline");
-    return t;
+    if (t.count() > 0) return t;
+    // Nothing is sent without time left. On a first attempt nothing was ever
+    // sent under this key: retryable, not in doubt. On a retry the earlier
+    // charge is still unknown.
+    if (!a.is_retry()) {
+      throw retryable_error("gateway_timeout", "no time left before the deadline to charge", 504);
+    }
+    unknown_outcome(504, "gateway_timeout", "no time left before the deadline to ask");
   };
   if (a.is_retry()) {
-    // An earlier attempt may have charged: ask before acting again.
+    // An earlier attempt may have charged: ask before acting again. Only
+    // three answers settle it; anything else (a refused query, a 409 because
+    // the first charge is still running, a 429, 5xx, no answer) leaves the
+    // earlier charge unknown, and charging now could charge twice or record a
+    // final failure over money taken (issue 7, defect 5).
     const auto known = g.status(key, time_left());
-    if (known.status != gateway_status::not_found) return classify(known);
+    switch (known.status) {
+      case gateway_status::charged:
+      case gateway_status::declined:
+        return classify(known);
+      case gateway_status::not_found:
+        break;
+      default:
+        unknown_outcome(502, "charge_status_unknown",
+                        "the status query did not settle the earlier charge: " + known.detail);
+    }
   }
   return classify(g.charge(r, key, time_left()));
 }

@@ -9,16 +9,31 @@
 //  - passes a.downstream_key("charge") to the gateway as its idempotency key:
 //    the same on every attempt, so the gateway deduplicates too;
 //  - on a retry (a.is_retry()), asks the gateway first what became of the
-//    earlier attempt, and charges only if it never arrived;
-//  - classifies what the gateway said, in one place:
+//    earlier attempt, and charges only if the gateway says it never arrived
+//    (not_found). Any other answer to that query that is not "charged" or
+//    "declined" (refused, 409 busy, 429, 5xx, timeout, reset, no connection)
+//    leaves the earlier charge unknown: retryable and in doubt, no charge;
+//  - classifies what the gateway said about a charge, in one place:
 //      charged                          the charge (success)
 //      declined                         non_retryable_error card_declined, 402
 //      invalid                          non_retryable_error invalid_payment, 422
-//      server error, timeout, reset     retryable, 502/504, and in doubt: the
+//      in_progress (409)                retryable, 503, in doubt: a charge with
+//                                       this key is still running at the gateway
+//      throttled (429)                  retryable, 503 (the gateway did not act)
+//      server error, timeout, reset     retryable, 502/504, in doubt: the
 //                                       charge may have happened; the retry
 //                                       asks before charging again
 //      could not connect                retryable, 503 (nothing was sent)
 //  - gives the gateway only the time left before a.deadline().
+//
+// In doubt (error_info::in_doubt): set on every retryable error after which a
+// charge under this attempt's downstream key may exist and may still be
+// running at the gateway. The manager keeps the key's lease until
+// a.deadline() for such an outcome instead of releasing it at once, so that
+// the retry (which asks the gateway first) never overlaps a charge still in
+// flight (issue 7, defect 5: a released lease let the retry's status query
+// race the first charge, and the bank's 409 for it was recorded as final).
+// Never read in_doubt as "nothing happened".
 //
 // Thread safety: as thread-safe as the gateway.
 #pragma once
@@ -48,7 +63,18 @@ enum class gateway_status {
   timeout,         ///< no answer in time: unknown outcome
   reset,           ///< the connection broke after sending: unknown outcome
   connect_failed,  ///< nothing was sent
+  in_progress,     ///< 409/425: a request with this key is still being processed
+  throttled,       ///< 429: the gateway refused to look at the request now
 };
+
+/// The gateway_status of a gateway's HTTP status code, for adapters of HTTP
+/// gateways: 2xx charged, 402 declined, 404 not_found, 408 and 504 timeout,
+/// 409 and 425 in_progress, 429 throttled, other 5xx server_error, other 4xx
+/// invalid; anything else (1xx, 3xx) server_error, an unknown outcome. A
+/// gateway whose body says more (a decline answered with 200) refines it.
+/// Never map 409 or 429 to `invalid`: that records a charge that may exist as
+/// a final failure (issue 7, defect 5).
+[[nodiscard]] gateway_status status_of_http(unsigned http_status) noexcept;
 
 struct gateway_answer {
   gateway_status status = gateway_status::server_error;
@@ -72,12 +98,15 @@ class gateway {
                                 std::chrono::milliseconds timeout) = 0;
 };
 
-/// The charge id. Throws orpheus::error classified as above.
+/// The charge id. Throws orpheus::error classified as above; a retryable
+/// error has in_doubt set when a charge under the downstream key may exist.
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         std::string_view step = "charge");
 
-/// The classification alone (exposed for gateways with their own flow).
-/// Returns the charge id for `charged`; throws for everything else.
+/// The classification of a charge's answer alone (exposed for gateways with
+/// their own flow). Returns the charge id for `charged`; throws for
+/// everything else. Not for status answers: on a retry, charge_once() treats
+/// every status answer but charged, declined and not_found as unknown.
 std::string classify(const gateway_answer& answer);
 
 }  // namespace orpheus::payment
