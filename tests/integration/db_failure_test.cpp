@@ -251,10 +251,14 @@ TEST_F(DbFailure, LockWaitTimeoutIsRetryable) {
   manager m(*store_);
   bank b;
   const auto rid = id("locked");
+  // The same Pre-RPC type as pay(): the retry below must parse this Pre-RPC
+  // result (an int here would be a type change under one key).
   EXPECT_THROW(m.process(
-                   rid, [](tx&) { return 0; },
-                   [](const attempt&, int) -> int { throw retryable_error("down", "bank down"); },
-                   [](tx&, const attempt&, const outcome<int>&) { return response{}; }),
+                   rid, [&](tx&) { return rid.key; },
+                   [](const attempt&, const std::string&) -> std::string {
+                     throw retryable_error("down", "bank down");
+                   },
+                   [](tx&, const attempt&, const outcome<std::string>&) { return response{}; }),
                error);
   auto other = make();
   auto holder = other->begin(rid);
