@@ -12,14 +12,20 @@
 // shard has a bounded connection pool with connect/read/write timeouts; a
 // connection that reports a lost link is discarded (never reconnected in
 // place: OPT_RECONNECT would silently continue outside the transaction), and
-// idle connections are pinged before reuse after a failure or a long idle.
-// Sessions run READ COMMITTED with time_zone '+00:00'.
+// idle connections are pinged before reuse after a failure or a long idle,
+// and dropped when the server has closed them for idleness. Sessions run READ
+// COMMITTED with time_zone '+00:00', a short lock wait and an idle timeout
+// (mysql_options::lock_wait_timeout, session_idle_timeout).
 //
 // Errors (one file maps them, src/store/mysql/errors.cpp): deadlock, lock wait
-// timeout, statement timeout, lost connection, too many connections, server
-// shutdown or read-only are retryable; a lost connection during COMMIT is in
-// doubt; SQL errors (syntax, unknown table or column, constraint violations)
-// are not retryable.
+// timeout, statement timeout, lost connection (any client-side 2xxx code),
+// too many connections, server shutdown or read-only are retryable; any
+// failure of COMMIT is in doubt unless the server announced a rollback; SQL
+// errors (syntax, unknown table or column, constraint violations) and server
+// codes the table does not know are not retryable. After an error that ended
+// the server-side transaction (deadlock, lost connection) the store_tx refuses
+// every further statement and commit() with a retryable error, even if the
+// caller swallowed the first one.
 //
 // Thread safety: the store is shared by all threads.
 #pragma once
@@ -57,15 +63,28 @@ struct mysql_options {
   std::size_t max_connections_per_shard = 16;
   /// How long a caller waits for a free connection before a retryable error.
   std::chrono::milliseconds pool_wait{5000};
-  /// Ping an idle connection before reuse when it sat idle this long.
+  /// Ping an idle connection before reuse when it sat idle this long (or
+  /// half of session_idle_timeout, whichever is shorter).
   std::chrono::seconds ping_after_idle{30};
+  /// The session's innodb_lock_wait_timeout: how long a statement waits for a
+  /// row another transaction holds before a retryable error (1205). Well
+  /// below the lease (config::lease, 30 s by default), so a request stuck
+  /// behind a dead host's lock answers 503 quickly; shorter than read_timeout.
+  std::chrono::seconds lock_wait_timeout{5};
+  /// The session's wait_timeout, net_read_timeout and net_write_timeout: the
+  /// server closes a session whose client has been silent this long and rolls
+  /// its transaction back, so a host that dies mid-transaction releases its
+  /// rows within about this time. About the lease (30 s by default). Pooled
+  /// connections idle for most of it are dropped, not reused.
+  std::chrono::seconds session_idle_timeout{30};
 };
 
 class mysql_store final : public store {
  public:
   /// Validates the options (throws config_error: no shards, empty database,
-  /// bad port, zero pool size). Connects lazily: the first use of a shard
-  /// opens its first connection.
+  /// bad port, zero pool size, a timeout not positive or over a year, a lock
+  /// wait not shorter than read_timeout). Connects lazily: the first use of a
+  /// shard opens its first connection.
   explicit mysql_store(mysql_options options);
   ~mysql_store() override;
 

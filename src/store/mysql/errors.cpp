@@ -108,8 +108,9 @@ verdict judge(const sql::SQLException& e, bool in_commit, bool rollback_on_timeo
   return v;
 }
 
-storage_error classify(const sql::SQLException& e, std::string_view what, bool in_commit) {
-  const verdict v = judge(e, in_commit, /*rollback_on_timeout=*/false);
+storage_error classify(const sql::SQLException& e, std::string_view what, bool in_commit,
+                       bool rollback_on_timeout) {
+  const verdict v = judge(e, in_commit, rollback_on_timeout);
   std::string msg = "mysql: ";
   msg.append(what)
       .append(": [")

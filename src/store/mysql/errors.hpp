@@ -30,7 +30,7 @@ struct verdict {
 /// Maps a driver error to a storage_error. `in_commit`: the error came out of
 /// COMMIT, where a lost connection means the outcome is unknown (in doubt).
 [[nodiscard]] storage_error classify(const sql::SQLException& e, std::string_view what,
-                                     bool in_commit);
+                                     bool in_commit, bool rollback_on_timeout = false);
 
 inline constexpr int duplicate_key = 1062;
 

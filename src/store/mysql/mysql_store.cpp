@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "clock.hpp"
 #include "errors.hpp"
 #include "orpheus/detail/migration.hpp"
 #include "orpheus/detail/record_row.hpp"
@@ -29,11 +30,10 @@ const std::vector<migration>& mysql_migrations();
 namespace {
 
 using mysql_detail::classify;
-using mysql_detail::connection_broken;
 using steady = std::chrono::steady_clock;
 
-// The database clock in microseconds since the epoch (sessions use UTC).
-#define ORPHEUS_NOW "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+// The database clock in microseconds since the epoch (see clock.hpp).
+#define ORPHEUS_NOW ORPHEUS_MYSQL_NOW_US
 
 sql::Driver* driver() {
   // get_driver_instance() is not thread-safe; a function-local static is
@@ -61,8 +61,24 @@ class connection {
     opts["CLIENT_FOUND_ROWS"] = true;  // affected rows = matched rows
     conn_.reset(driver()->connect(opts));
     std::unique_ptr<sql::Statement> st(conn_->createStatement());
-    st->execute("SET SESSION time_zone = '+00:00'");
+    // Bug 9 of issue 7: a host that dies mid-transaction used to keep its
+    // rows locked until the server's default wait_timeout (8 hours) while
+    // every attempt on the key waited the server's lock wait (50 s). The
+    // session ends within session_idle_timeout of its client going silent,
+    // whether the server waits for the next command (wait_timeout) or is
+    // inside a packet (net_read_timeout / net_write_timeout), and its
+    // transaction rolls back; a waiter gives up after lock_wait_timeout
+    // with a retryable 1205.
+    const std::string idle = std::to_string(o.session_idle_timeout.count());
+    st->execute("SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = " +
+                std::to_string(o.lock_wait_timeout.count()) + ", SESSION wait_timeout = " + idle +
+                ", SESSION net_read_timeout = " + idle + ", SESSION net_write_timeout = " + idle);
     st->execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    // Whether a lock wait timeout rolls back the whole transaction (then it
+    // must poison it, like a deadlock) or just the statement (the default).
+    std::unique_ptr<sql::ResultSet> rs(st->executeQuery("SELECT @@innodb_rollback_on_timeout"));
+    rollback_on_timeout_ = rs->next() && rs->getInt(1) != 0;
+    rs.reset();
     conn_->setAutoCommit(autocommit);
     last_used_ = steady::now();
   }
@@ -72,6 +88,7 @@ class connection {
   void set_generation(std::uint64_t g) { generation_ = g; }
   steady::time_point last_used() const { return last_used_; }
   void touch() { last_used_ = steady::now(); }
+  bool rollback_on_timeout() const { return rollback_on_timeout_; }
 
   /// Runs a statement without parameters or results (COMMIT, ROLLBACK).
   /// Never use sql::Connection::commit()/rollback(): connector 1.1.12 returns
@@ -99,6 +116,7 @@ class connection {
   std::unique_ptr<sql::Statement> plain_;
   std::uint64_t generation_;
   steady::time_point last_used_;
+  bool rollback_on_timeout_ = false;
 };
 
 /// A bounded pool for one shard and one autocommit mode.
@@ -108,7 +126,17 @@ class pool {
   /// either makes every idle connection of the shard suspect (pinged first).
   pool(mysql_shard shard, const mysql_options& o, bool autocommit,
        std::atomic<std::uint64_t>& epoch)
-      : shard_(std::move(shard)), options_(o), autocommit_(autocommit), generation_(epoch) {}
+      : shard_(std::move(shard)),
+        options_(o),
+        autocommit_(autocommit),
+        generation_(epoch),
+        // The server closes a session idle for session_idle_timeout (its
+        // wait_timeout). The client's idle clock starts a little after the
+        // server's, so a connection idle for most of the timeout is dropped
+        // unasked rather than lent out to die on its first statement (bug 9);
+        // one idle for half of it is pinged first.
+        discard_after_(o.session_idle_timeout - o.session_idle_timeout / 4),
+        ping_after_(std::min<steady::duration>(o.ping_after_idle, o.session_idle_timeout / 2)) {}
 
   std::unique_ptr<connection> borrow() {
     std::unique_lock lock(mutex_);
@@ -123,8 +151,15 @@ class pool {
       if (idle_.empty()) break;
       auto c = std::move(idle_.back());
       idle_.pop_back();
-      const bool suspect = c->generation() != generation_.load() ||
-                           steady::now() - c->last_used() > options_.ping_after_idle;
+      const auto idle_for = steady::now() - c->last_used();
+      if (idle_for >= discard_after_) {
+        --open_;  // closed by the server, or about to be: drop it and look again
+        lock.unlock();
+        c.reset();
+        lock.lock();
+        continue;
+      }
+      const bool suspect = c->generation() != generation_.load() || idle_for > ping_after_;
       if (!suspect) return c;
       const std::uint64_t gen = generation_.load();
       lock.unlock();
@@ -134,11 +169,12 @@ class pool {
       } catch (const sql::SQLException&) {
         ok = false;
       }
-      lock.lock();
       if (ok) {
         c->set_generation(gen);
         return c;
       }
+      c.reset();
+      lock.lock();
       --open_;  // dead: drop it and look again
     }
     ++open_;
@@ -190,6 +226,8 @@ class pool {
   std::vector<std::unique_ptr<connection>> idle_;
   std::size_t open_ = 0;
   std::atomic<std::uint64_t>& generation_;
+  steady::duration discard_after_;
+  steady::duration ping_after_;
 };
 
 /// A borrowed connection, returned on destruction (discarded if broken).
@@ -204,18 +242,27 @@ class borrowed {
   connection& operator*() { return *conn_; }
   connection* operator->() { return conn_.get(); }
   void mark_broken() { broken_ = true; }
-  /// The driver's code of the last failed statement (0 if none failed).
+  [[nodiscard]] bool broken() const { return broken_; }
+  /// The driver's code of the last failed statement (0 if it succeeded).
   [[nodiscard]] int last_error_code() const { return last_code_; }
+  /// The last failed statement ended the server-side transaction (deadlock,
+  /// lost connection, ...): see mysql_detail::verdict.
+  [[nodiscard]] bool transaction_ended() const { return ended_; }
 
   /// Runs `f`, translating driver errors; a broken link marks the connection.
   template <class F>
   auto guarded(std::string_view what, F&& f, bool in_commit = false) {
+    last_code_ = 0;
+    ended_ = false;
     try {
       return f(*conn_);
     } catch (const sql::SQLException& e) {
       last_code_ = e.getErrorCode();
-      if (connection_broken(last_code_) || last_code_ == 0) broken_ = true;
-      throw classify(e, what, in_commit);
+      const bool timeout_rolls_back = conn_->rollback_on_timeout();
+      const auto v = mysql_detail::judge(e, in_commit, timeout_rolls_back);
+      if (v.connection_broken) broken_ = true;
+      ended_ = v.transaction_ended;
+      throw classify(e, what, in_commit, timeout_rolls_back);
     }
   }
 
@@ -223,6 +270,7 @@ class borrowed {
   pool* pool_;
   std::unique_ptr<connection> conn_;
   bool broken_ = false;
+  bool ended_ = false;
   int last_code_ = 0;
 };
 
@@ -320,28 +368,60 @@ struct mysql_store::impl {
 namespace {
 
 class mysql_tx final : public store_tx {
+ private:
+  // Bug 4 of issue 7: once the server has ended the transaction (deadlock,
+  // lost connection, ...), a handler that swallowed the error used to carry
+  // on, and the next statement ran in a NEW transaction on the same session
+  // (autocommit is off): the library's fenced finish() then committed
+  // "succeeded" without the handler's rolled-back writes. Such a transaction
+  // is poisoned: every later statement and commit() throw a retryable error
+  // without reaching the database, and the session never runs a statement
+  // that the caller believes belongs to the old transaction.
+  template <class F>
+  auto run(std::string_view what, F&& f) {
+    if (!poisoned_.empty()) throw refusal();
+    try {
+      return conn_.guarded(what, std::forward<F>(f));
+    } catch (const storage_error& e) {
+      if (conn_.transaction_ended()) poisoned_ = e.what();
+      throw;
+    }
+  }
+
+  storage_error refusal() const {
+    return storage_error::transient(
+        "mysql: the server already ended this transaction, after: " + poisoned_ +
+        "; nothing more runs in it (retry the whole request)");
+  }
+
  public:
   mysql_tx(pool& p, std::size_t shard) : conn_(p), shard_(shard) {}
   ~mysql_tx() override { rollback(); }
 
   sql_rows query_values(std::string_view sql, std::span<const sql_value> p) override {
-    return conn_.guarded("query", [&](connection& c) { return run_query(c, sql, p); });
+    return run("query", [&](connection& c) { return run_query(c, sql, p); });
   }
   std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
-    return conn_.guarded("execute", [&](connection& c) { return run_update(c, sql, p); });
+    return run("execute", [&](connection& c) { return run_update(c, sql, p); });
   }
   std::size_t shard() const override { return shard_; }
 
   bool insert(const request_id& id, std::string_view owner, const lease_terms& t) override {
     try {
       return execute(
+                 // Bug 12 of issue 7: an unfinished record expires too, at
+                 // the end of its retry window plus the retention, so an
+                 // abandoned one is purged in the end (finish() moves
+                 // expires_us to its own retention).
                  "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, "
                  "attempts, lease_owner, lease_expires_us, created_us, updated_us, "
-                 "retry_until_us) VALUES (?, ?, ?, 1, 1, ?, " ORPHEUS_NOW " + ?, " ORPHEUS_NOW
-                 ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?)",
-                 id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us) == 1;
+                 "retry_until_us, expires_us) VALUES (?, ?, ?, 1, 1, ?, " ORPHEUS_NOW
+                 " + ?, " ORPHEUS_NOW ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?, " ORPHEUS_NOW
+                 " + ? + ?)",
+                 id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us,
+                 t.retry_window_us, t.retention_us) == 1;
     } catch (const storage_error&) {
-      if (conn_.last_error_code() == mysql_detail::duplicate_key) return false;
+      if (poisoned_.empty() && conn_.last_error_code() == mysql_detail::duplicate_key) return false;
       throw;
     }
   }
@@ -389,6 +469,10 @@ class mysql_tx final : public store_tx {
   }
 
   void commit() override {
+    if (!poisoned_.empty()) {
+      rollback();  // the server already rolled back; this only cleans the session
+      throw refusal();
+    }
     done_ = true;
     try {
       conn_.guarded(
@@ -404,6 +488,7 @@ class mysql_tx final : public store_tx {
   void rollback() noexcept override {
     if (done_) return;
     done_ = true;
+    if (conn_.broken()) return;  // discarded anyway; the server rolls it back
     try {
       conn_->exec("ROLLBACK");
     } catch (...) {
@@ -415,6 +500,7 @@ class mysql_tx final : public store_tx {
   borrowed conn_;
   std::size_t shard_;
   bool done_ = false;
+  std::string poisoned_;  ///< the error that ended the transaction, if any
 };
 
 }  // namespace
@@ -465,9 +551,21 @@ mysql_store::mysql_store(mysql_options options) : impl_(std::make_unique<impl>()
     }
     if (s.port <= 0 || s.port > 65535) throw config_error("mysql_store: bad port");
   }
-  if (options.connect_timeout.count() <= 0 || options.read_timeout.count() <= 0 ||
-      options.write_timeout.count() <= 0) {
-    throw config_error("mysql_store: timeouts must be positive");
+  // One year: beyond it a timeout is a mistake, and every value then fits the
+  // int the connector and the server variables take.
+  constexpr std::chrono::seconds year{365 * 24 * 3600};
+  for (const auto t :
+       {options.connect_timeout, options.read_timeout, options.write_timeout,
+        options.lock_wait_timeout, options.session_idle_timeout, options.ping_after_idle}) {
+    if (t.count() <= 0 || t > year) {
+      throw config_error("mysql_store: timeouts must be positive and at most a year");
+    }
+  }
+  if (options.pool_wait.count() <= 0) throw config_error("mysql_store: pool_wait must be positive");
+  if (options.lock_wait_timeout >= options.read_timeout) {
+    // The client would give up reading before the server answers a lock
+    // wait: a clean, retryable 1205 would become a lost connection.
+    throw config_error("mysql_store: lock_wait_timeout must be shorter than read_timeout");
   }
   driver();
   impl_->options = std::move(options);
@@ -520,9 +618,14 @@ std::unique_ptr<store_tx> mysql_store::begin_on_shard(std::size_t shard) {
 
 std::size_t mysql_store::purge_expired(std::size_t shard, std::size_t limit) {
   auto t = begin_on_shard(shard);
+  // Bug 12 of issue 7: abandoned unfinished records (in progress with a dead
+  // lease, retryable) expire too (see insert()). Any state goes once its
+  // expiry has passed, except a record under a live lease: someone is working
+  // on it right now. Bounded by `limit` per call.
   const auto n =
-      t->execute("DELETE FROM orpheus_records WHERE state IN (3, 4) AND expires_us < " ORPHEUS_NOW
-                 " ORDER BY expires_us LIMIT ?",
+      t->execute("DELETE FROM orpheus_records WHERE expires_us < " ORPHEUS_NOW
+                 " AND (state <> 1 OR lease_expires_us IS NULL OR lease_expires_us < " ORPHEUS_NOW
+                 ") ORDER BY expires_us LIMIT ?",
                  static_cast<std::int64_t>(limit));
   t->commit();
   return n;

@@ -1,0 +1,518 @@
+// MySQL-specific behaviour of mysql_store on the MariaDB servers of
+// scripts/test (ORPHEUS_TEST_MYSQL): a transaction the server rolled back is
+// never continued, a dead client's locks end within the session timeouts,
+// idle connections the server closed are replaced, the clock works past 2038,
+// and abandoned rows are purged (issue 7, items 4, 9, 12 and 14).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <latch>
+#include <thread>
+
+#include "clock.hpp"
+#include "orpheus/manager.hpp"
+#include "support/backends.hpp"
+
+namespace orpheus {
+namespace {
+
+using namespace std::chrono_literals;
+using test::random_hex;
+
+mysql_options options_for_test() {
+  const auto urls = test::mysql_urls();
+  mysql_options o;
+  if (!urls.empty()) o.shards.push_back(parse_mysql_url(urls.front()));
+  return o;
+}
+
+class MysqlStore : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(test::mysql_urls().empty())
+        << "ORPHEUS_TEST_MYSQL must list a MariaDB URL; run the suite with scripts/test";
+    store_ = std::make_unique<mysql_store>(options_for_test());
+    store_->migrate();
+    auto t = store_->begin_on_shard(0);
+    t->execute("CREATE TABLE IF NOT EXISTS mysql_test_locks (id INT PRIMARY KEY, v INT)");
+    t->execute("INSERT IGNORE INTO mysql_test_locks VALUES (1, 0), (2, 0)");
+    t->execute(
+        "CREATE TABLE IF NOT EXISTS mysql_test_rows (k VARCHAR(255) PRIMARY KEY, note "
+        "VARCHAR(64))");
+    t->commit();
+    scope_ = "mysql-" + random_hex();
+  }
+
+  request_id id(const std::string& key) const { return {scope_, key, fingerprint_of("x")}; }
+
+  bool handler_row_exists(const std::string& k) {
+    auto t = store_->begin_on_shard(0);
+    const auto rows = t->query("SELECT k FROM mysql_test_rows WHERE k = ?", k);
+    t->commit();
+    return !rows.empty();
+  }
+
+  std::unique_ptr<mysql_store> store_;
+  std::string scope_;
+};
+
+/// Another session that takes lock 2 and then lock 1, after making itself
+/// the heavier transaction (InnoDB rolls back the lighter one of a deadlock),
+/// so that the phase holding lock 1 and asking for lock 2 is the victim.
+class crossing_locker {
+ public:
+  explicit crossing_locker(std::latch& phase_holds_1) : phase_holds_1_(phase_holds_1) {
+    done_ = std::async(std::launch::async, [this] { run(); });
+  }
+  /// Blocks until this session holds lock 2.
+  void wait_until_it_holds_2() { holds_2_.wait(); }
+  void join() { done_.get(); }
+
+ private:
+  void run() {
+    mysql_store other(options_for_test());
+    auto t = other.begin_on_shard(0);
+    phase_holds_1_.wait();
+    const std::string tag = "heavy-" + random_hex();
+    for (int i = 0; i < 100; ++i) {
+      t->execute("INSERT INTO mysql_test_rows (k) VALUES (?)", tag + std::to_string(i));
+    }
+    t->query("SELECT v FROM mysql_test_locks WHERE id = 2 FOR UPDATE");
+    holds_2_.count_down();
+    try {
+      // Waits for lock 1 until the phase's transaction is rolled back.
+      t->query("SELECT v FROM mysql_test_locks WHERE id = 1 FOR UPDATE");
+    } catch (const storage_error& e) {
+      ADD_FAILURE() << "the heavy session was chosen as the victim: " << e.what();
+    }
+    t->rollback();
+  }
+
+  std::latch& phase_holds_1_;
+  std::latch holds_2_{1};
+  std::future<void> done_;
+};
+
+/// A phase body that writes a row, meets a real deadlock, swallows the
+/// storage_error and carries on, as a careless handler does.
+std::string deadlock_and_swallow(tx& t, const std::string& row, std::latch& holds_1,
+                                 crossing_locker& other) {
+  t.execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'handler')", row);
+  t.query("SELECT v FROM mysql_test_locks WHERE id = 1 FOR UPDATE");
+  holds_1.count_down();
+  other.wait_until_it_holds_2();
+  try {
+    t.query("SELECT v FROM mysql_test_locks WHERE id = 2 FOR UPDATE");
+  } catch (const storage_error& e) {
+    return e.what();  // swallowed
+  }
+  return {};
+}
+
+// Bug 4: after a deadlock the server has rolled the transaction back; a
+// handler that swallows the error used to let the library's fenced finish()
+// run in a new transaction and commit "succeeded" without the handler's rows.
+TEST_F(MysqlStore, DeadlockSwallowedInPostRpcNeverRecordsSuccessWithoutTheHandlersRows) {
+  manager m(*store_);
+  const auto rid = id("post-deadlock");
+  const std::string row = scope_ + "/post";
+  std::latch holds_1{1};
+  crossing_locker other(holds_1);
+  std::string swallowed;
+  bool threw = false;
+  try {
+    m.process(
+        rid, [](tx&) { return 0; }, [](const attempt&, int) { return 0; },
+        [&](tx& t, const attempt&, const outcome<int>&) {
+          swallowed = deadlock_and_swallow(t, row, holds_1, other);
+          return response{200, {}, "done"};
+        });
+  } catch (const error& e) {
+    threw = true;
+    EXPECT_TRUE(e.retryable()) << e.what();
+  }
+  other.join();
+  ASSERT_NE(swallowed.find("1213"), std::string::npos) << "no deadlock happened: " << swallowed;
+  EXPECT_TRUE(threw) << "a phase whose transaction the server rolled back was reported done";
+  const auto rec = store_->inspect(rid);
+  ASSERT_TRUE(rec);
+  EXPECT_NE(rec->state, record_state::succeeded);
+  if (rec->state == record_state::succeeded) {
+    EXPECT_TRUE(handler_row_exists(row)) << "succeeded, yet the handler's row is gone";
+  }
+  // The retry (no deadlock this time) finishes it with the handler's row.
+  const auto r = m.process(
+      rid, [](tx&) { return 0; }, [](const attempt&, int) { return 0; },
+      [&](tx& t, const attempt& a, const outcome<int>&) {
+        EXPECT_TRUE(a.is_retry());
+        t.execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'retry')", row);
+        return response{200, {}, "done"};
+      });
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::succeeded);
+  EXPECT_TRUE(handler_row_exists(row));
+}
+
+// Bug 4, Pre-RPC: the deadlock also rolled back the lease row inserted in the
+// same transaction; carrying on must be retryable and leave nothing behind.
+TEST_F(MysqlStore, DeadlockSwallowedInPreRpcIsRetryableAndLeavesNothing) {
+  manager m(*store_);
+  const auto rid = id("pre-deadlock");
+  const std::string row = scope_ + "/pre";
+  std::latch holds_1{1};
+  crossing_locker other(holds_1);
+  std::string swallowed;
+  int rpcs = 0;
+  try {
+    m.process(
+        rid,
+        [&](tx& t) {
+          swallowed = deadlock_and_swallow(t, row, holds_1, other);
+          return 0;
+        },
+        [&](const attempt&, int) { return ++rpcs; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{200, {}, "done"};
+        });
+    ADD_FAILURE() << "a Pre-RPC whose transaction the server rolled back was reported done";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+  }
+  other.join();
+  ASSERT_NE(swallowed.find("1213"), std::string::npos) << "no deadlock happened: " << swallowed;
+  EXPECT_EQ(rpcs, 0);
+  EXPECT_FALSE(store_->inspect(rid));
+  EXPECT_FALSE(handler_row_exists(row));
+}
+
+// Bug 4 at the store level: once the server has ended the transaction, every
+// statement and commit() fail retryably without reaching the database, and
+// rollback() stays harmless.
+TEST_F(MysqlStore, ATransactionTheServerRolledBackRefusesEveryLaterStatement) {
+  const std::string row = scope_ + "/poisoned";
+  std::latch holds_1{1};
+  crossing_locker other(holds_1);
+  auto t = store_->begin_on_shard(0);
+  const auto swallowed = deadlock_and_swallow(*t, row, holds_1, other);
+  other.join();
+  ASSERT_NE(swallowed.find("1213"), std::string::npos) << swallowed;
+  const std::string later = scope_ + "/later";
+  try {
+    t->execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'later')", later);
+    ADD_FAILURE() << "a statement ran after the server rolled the transaction back";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+  }
+  try {
+    t->commit();
+    ADD_FAILURE() << "commit() of a rolled-back transaction succeeded";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_FALSE(e.in_doubt()) << "the server said it rolled back: " << e.what();
+  }
+  t->rollback();
+  t.reset();
+  EXPECT_FALSE(handler_row_exists(row));
+  EXPECT_FALSE(handler_row_exists(later));
+  // The connection went back to the pool in a clean state.
+  auto again = store_->begin_on_shard(0);
+  EXPECT_EQ(again->query("SELECT @@autocommit").at(0).get<std::int64_t>(0), 0);
+  again->commit();
+}
+
+// Bug 4, lost connection: a phase that swallows a 2013/2006 carries on; the
+// library's next statement must not open a new session (never a reconnect
+// into autocommit) and the record must not become succeeded.
+TEST_F(MysqlStore, LostConnectionSwallowedInPostRpcNeverRecordsSuccess) {
+  manager m(*store_);
+  const auto rid = id("post-lost");
+  const std::string row = scope_ + "/lost";
+  bool threw = false;
+  std::string swallowed;
+  try {
+    m.process(
+        rid, [](tx&) { return 0; }, [](const attempt&, int) { return 0; },
+        [&](tx& t, const attempt&, const outcome<int>&) {
+          t.execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'handler')", row);
+          const auto me = t.query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0);
+          {
+            mysql_store killer(options_for_test());
+            auto k = killer.begin_on_shard(0);
+            k->execute("KILL CONNECTION " + std::to_string(me));
+            k->commit();
+          }
+          try {
+            t.query("SELECT 1");
+          } catch (const storage_error& e) {
+            swallowed = e.what();
+          }
+          return response{200, {}, "done"};
+        });
+  } catch (const error& e) {
+    threw = true;
+    EXPECT_TRUE(e.retryable()) << e.what();
+  }
+  EXPECT_FALSE(swallowed.empty());
+  EXPECT_TRUE(threw);
+  const auto rec = store_->inspect(rid);
+  ASSERT_TRUE(rec);
+  EXPECT_NE(rec->state, record_state::succeeded);
+  EXPECT_FALSE(handler_row_exists(row));
+}
+
+// ---- Bug 9: session timeouts ---------------------------------------------
+
+TEST_F(MysqlStore, SessionsRunWithTheConfiguredTimeouts) {
+  auto o = options_for_test();
+  o.lock_wait_timeout = 4s;
+  o.session_idle_timeout = 25s;
+  mysql_store s(o);
+  auto t = s.begin_on_shard(0);
+  const auto rows = t->query(
+      "SELECT @@session.innodb_lock_wait_timeout, @@session.wait_timeout, "
+      "@@session.net_read_timeout, @@session.net_write_timeout, @@session.autocommit");
+  t->commit();
+  ASSERT_EQ(rows.size(), 1U);
+  EXPECT_EQ(rows[0].get<std::int64_t>(0), 4);
+  EXPECT_EQ(rows[0].get<std::int64_t>(1), 25);
+  EXPECT_EQ(rows[0].get<std::int64_t>(2), 25);
+  EXPECT_EQ(rows[0].get<std::int64_t>(3), 25);
+  EXPECT_EQ(rows[0].get<std::int64_t>(4), 0);
+}
+
+TEST(MysqlOptions, NonsenseTimeoutsAreRefused) {
+  auto refused = [](auto change) {
+    mysql_options o;
+    o.shards.push_back(mysql_shard{"127.0.0.1", 3306, "u", "p", "d"});
+    change(o);
+    try {
+      mysql_store s(o);
+      return false;
+    } catch (const config_error&) {
+      return true;
+    }
+  };
+  EXPECT_FALSE(refused([](mysql_options&) {}));  // the defaults are valid
+  EXPECT_TRUE(refused([](mysql_options& o) { o.lock_wait_timeout = 0s; }));
+  EXPECT_TRUE(refused([](mysql_options& o) { o.lock_wait_timeout = -1s; }));
+  EXPECT_TRUE(refused([](mysql_options& o) { o.session_idle_timeout = 0s; }));
+  EXPECT_TRUE(refused([](mysql_options& o) { o.session_idle_timeout = 1000000000s; }));
+  EXPECT_TRUE(refused([](mysql_options& o) { o.lock_wait_timeout = 1000000000s; }));
+  // The client must wait longer than the server's lock wait, or a lock wait
+  // timeout (clean, retryable) turns into a lost connection.
+  EXPECT_TRUE(refused([](mysql_options& o) {
+    o.lock_wait_timeout = 30s;
+    o.read_timeout = 30s;
+  }));
+  EXPECT_TRUE(refused([](mysql_options& o) { o.ping_after_idle = 0s; }));
+}
+
+/// Polls `f` until it returns true; false after a generous hang guard.
+template <class F>
+bool eventually(F f, std::chrono::seconds guard = 90s) {
+  const auto until = std::chrono::steady_clock::now() + guard;
+  while (std::chrono::steady_clock::now() < until) {
+    if (f()) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
+// Bug 9: a host that stops mid-transaction (SIGSTOP: its TCP connection stays
+// open, idle) used to hold the key's row until the server's 8-hour
+// wait_timeout; every attempt waited the lock wait and got 503.
+TEST_F(MysqlStore, AStoppedClientsRowLockEndsWithinTheSessionIdleTimeout) {
+  manager first(*store_);
+  const auto rid = id("stopped-host");
+  EXPECT_THROW(first.process(
+                   rid, [](tx&) { return 0; },
+                   [](const attempt&, int) -> int { throw retryable_error("down", "bank down"); },
+                   [](tx&, const attempt&, const outcome<int>&) { return response{}; }),
+               error);
+  ASSERT_EQ(store_->inspect(rid)->state, record_state::retryable);
+
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The host that dies: lock the key's row, say so, stop.
+    ::close(ready[0]);
+    try {
+      auto o = options_for_test();
+      o.session_idle_timeout = 2s;
+      o.lock_wait_timeout = 1s;
+      mysql_store s(o);
+      auto t = s.begin(rid);
+      if (!t->lock(rid)) ::_exit(3);
+      const char c = 'L';
+      if (::write(ready[1], &c, 1) != 1) ::_exit(4);
+      ::raise(SIGSTOP);
+      ::_exit(0);
+    } catch (...) {
+      ::_exit(5);
+    }
+  }
+  ::close(ready[1]);
+  char c = 0;
+  const bool locked = ::read(ready[0], &c, 1) == 1 && c == 'L';
+  ::close(ready[0]);
+  int status = 0;
+  if (locked) {
+    ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  }
+  struct reap {
+    pid_t pid;
+    ~reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
+  ASSERT_TRUE(locked) << "the child could not lock the row";
+  ASSERT_TRUE(WIFSTOPPED(status));
+
+  auto o = options_for_test();
+  o.lock_wait_timeout = 1s;
+  mysql_store s(o);
+  manager m(s);
+  auto pay = [&] {
+    return m.process(
+        rid, [](tx&) { return 0; }, [](const attempt&, int) { return 0; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {}, "ok"};
+        });
+  };
+  // Fails fast with a retryable lock wait timeout while the dead host's
+  // session still holds the row.
+  try {
+    pay();
+    ADD_FAILURE() << "the row was not locked";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1205"), std::string::npos) << e.what();
+  }
+  // The server closes the idle session (its wait_timeout) and rolls it back;
+  // the child is still stopped, its socket still open.
+  int last_status = 0;
+  const bool done = eventually([&] {
+    try {
+      last_status = pay().status;
+      return true;
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      return false;
+    }
+  });
+  EXPECT_TRUE(done) << "the stopped client's lock was never released";
+  EXPECT_EQ(last_status, 201);
+  EXPECT_EQ(::waitpid(child, &status, WNOHANG), 0) << "the child was not stopped any more";
+}
+
+// Bug 9: pooled idle connections that the server closed for wait_timeout are
+// detected and replaced on borrow instead of failing a request.
+TEST_F(MysqlStore, IdleConnectionsTheServerClosedAreReplacedOnBorrow) {
+  auto o = options_for_test();
+  o.session_idle_timeout = 2s;
+  o.lock_wait_timeout = 1s;
+  o.ping_after_idle = 3600s;  // only the idle-timeout rule may save us
+  mysql_store s(o);
+  std::int64_t first = 0;
+  {
+    auto t = s.begin_on_shard(0);
+    first = t->query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0);
+    t->commit();
+  }
+  const bool gone = eventually([&] {
+    auto t = store_->begin_on_shard(0);
+    const auto rows =
+        t->query("SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?", first);
+    t->commit();
+    return rows.at(0).get<std::int64_t>(0) == 0;
+  });
+  ASSERT_TRUE(gone) << "the server never closed the idle session";
+  auto t = s.begin_on_shard(0);
+  std::int64_t second = 0;
+  EXPECT_NO_THROW(second = t->query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0));
+  EXPECT_NE(second, first);
+  t->commit();
+}
+
+// ---- Bug 14: the clock past 2038 -----------------------------------------
+
+TEST_F(MysqlStore, TheClockExpressionWorksPast2038) {
+  auto t = store_->begin_on_shard(0);
+  // MariaDB 10.11 cannot SET timestamp past 2038-01-19 03:14:07, so the
+  // expression is checked on fixed datetimes, and against the old one today.
+  const auto rows = t->query("SELECT " ORPHEUS_MYSQL_MICROS_SINCE_EPOCH(
+      "'2040-01-01 00:00:00.500000'") ", " ORPHEUS_MYSQL_MICROS_SINCE_EPOCH(
+      "'2038-01-19 03:14:08'") ", " ORPHEUS_MYSQL_MICROS_SINCE_EPOCH("'1970-01-01 00:00:00'") ", "
+                             ORPHEUS_MYSQL_NOW_US ", CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)");
+  t->commit();
+  ASSERT_EQ(rows.size(), 1U);
+  ASSERT_FALSE(rows[0].is_null(0)) << "the clock expression gives NULL after 2038";
+  EXPECT_EQ(rows[0].get<std::int64_t>(0), 2208988800500000);
+  EXPECT_EQ(rows[0].get<std::int64_t>(1), 2147483648000000);
+  EXPECT_EQ(rows[0].get<std::int64_t>(2), 0);
+  EXPECT_EQ(rows[0].get<std::int64_t>(3), rows[0].get<std::int64_t>(4))
+      << "the new clock differs from UNIX_TIMESTAMP today";
+}
+
+// ---- Bug 12: purge ---------------------------------------------------------
+
+TEST_F(MysqlStore, AbandonedRowsArePurgedAfterWindowAndRetentionButNeverUnderALiveLease) {
+  const lease_terms tiny{/*lease_us=*/1000, /*retry_window_us=*/1000, /*retention_us=*/1000};
+  const lease_terms live{/*lease_us=*/3'600'000'000, /*retry_window_us=*/1000,
+                         /*retention_us=*/1000};
+  const auto retryable = id("abandoned-retryable");
+  const auto in_progress = id("abandoned-in-progress");
+  const auto leased = id("live-lease");
+  const auto kept = id("kept");
+  {
+    auto t = store_->begin(retryable);
+    ASSERT_TRUE(t->insert(retryable, "owner-1", tiny));
+    ASSERT_TRUE(t->release(retryable, "owner-1", "bank down"));
+    t->commit();
+  }
+  for (const auto& [rid, terms] : {std::pair{in_progress, tiny}, std::pair{leased, live}}) {
+    auto t = store_->begin(rid);
+    ASSERT_TRUE(t->insert(rid, "owner-2", terms));
+    t->commit();
+  }
+  {
+    auto t = store_->begin(kept);  // within its retention: kept
+    ASSERT_TRUE(t->insert(kept, "owner-3", tiny));
+    ASSERT_TRUE(t->finish(kept, "owner-3", record_state::succeeded, response{200, {}, "x"}, {},
+                          lease_terms{1000, 1000, 3'600'000'000}));
+    t->commit();
+  }
+  for (const auto& rid : {retryable, in_progress, leased}) {
+    const auto r = store_->inspect(rid);
+    ASSERT_TRUE(r);
+    EXPECT_GT(r->expires_us, 0) << rid.key << ": no expiry set at insert";
+    EXPECT_GE(r->expires_us, r->retry_until_us + 1000) << rid.key;
+  }
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(leased);
+    return r && r->db_now_us > r->expires_us;
+  }));
+  // Bounded batches: one row at a time until nothing is left to purge.
+  std::size_t purged = 0;
+  for (std::size_t n = 1; n != 0;) {
+    n = store_->purge_expired(0, 1);
+    EXPECT_LE(n, 1U);
+    purged += n;
+  }
+  EXPECT_GE(purged, 2U);
+  EXPECT_FALSE(store_->inspect(retryable)) << "abandoned retryable row not purged";
+  EXPECT_FALSE(store_->inspect(in_progress)) << "abandoned row with an expired lease not purged";
+  EXPECT_TRUE(store_->inspect(leased)) << "a row under a live lease was purged";
+  EXPECT_TRUE(store_->inspect(kept)) << "a record within its retention was purged";
+}
+
+}  // namespace
+}  // namespace orpheus
