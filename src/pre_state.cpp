@@ -41,7 +41,7 @@ std::optional<nlohmann::json> decode_pre_state(std::string_view stored) {
                                 static_cast<int>(b64.size()));
   if (n < 0) return std::nullopt;
   // EVP_DecodeBlock counts the '=' padding as zero bytes: drop them.
-  std::size_t len = static_cast<std::size_t>(n);
+  auto len = static_cast<std::size_t>(n);
   for (std::size_t i = b64.size(); i > 0 && b64[i - 1] == '=' && len > 0; --i) --len;
   bytes.resize(len);
   auto j = nlohmann::json::from_cbor(bytes, /*strict=*/true, /*allow_exceptions=*/false);
