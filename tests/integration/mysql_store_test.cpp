@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <future>
-#include <latch>
 #include <thread>
 
 #include "clock.hpp"
@@ -61,29 +60,44 @@ class MysqlStore : public testing::Test {
   std::string scope_;
 };
 
+/// A one-shot signal whose wait has a generous hang guard (never a timing
+/// assertion: a test that cannot meet its partner fails instead of hanging).
+class rendezvous {
+ public:
+  void raise() { p_.set_value(); }
+  bool wait() { return f_.wait_for(60s) == std::future_status::ready; }
+
+ private:
+  std::promise<void> p_;
+  std::future<void> f_ = p_.get_future();
+};
+
 /// Another session that takes lock 2 and then lock 1, after making itself
 /// the heavier transaction (InnoDB rolls back the lighter one of a deadlock),
 /// so that the phase holding lock 1 and asking for lock 2 is the victim.
 class crossing_locker {
  public:
-  explicit crossing_locker(std::latch& phase_holds_1) : phase_holds_1_(phase_holds_1) {
+  explicit crossing_locker(rendezvous& phase_holds_1) : phase_holds_1_(phase_holds_1) {
     done_ = std::async(std::launch::async, [this] { run(); });
   }
-  /// Blocks until this session holds lock 2.
-  void wait_until_it_holds_2() { holds_2_.wait(); }
+  /// Blocks until this session holds lock 2 (false: it never did).
+  bool wait_until_it_holds_2() { return holds_2_.wait(); }
   void join() { done_.get(); }
 
  private:
   void run() {
     mysql_store other(options_for_test());
     auto t = other.begin_on_shard(0);
-    phase_holds_1_.wait();
+    if (!phase_holds_1_.wait()) {
+      ADD_FAILURE() << "the phase never took lock 1";
+      return;
+    }
     const std::string tag = "heavy-" + random_hex();
     for (int i = 0; i < 100; ++i) {
       t->execute("INSERT INTO mysql_test_rows (k) VALUES (?)", tag + std::to_string(i));
     }
     t->query("SELECT v FROM mysql_test_locks WHERE id = 2 FOR UPDATE");
-    holds_2_.count_down();
+    holds_2_.raise();
     try {
       // Waits for lock 1 until the phase's transaction is rolled back.
       t->query("SELECT v FROM mysql_test_locks WHERE id = 1 FOR UPDATE");
@@ -93,19 +107,19 @@ class crossing_locker {
     t->rollback();
   }
 
-  std::latch& phase_holds_1_;
-  std::latch holds_2_{1};
+  rendezvous& phase_holds_1_;
+  rendezvous holds_2_;
   std::future<void> done_;
 };
 
 /// A phase body that writes a row, meets a real deadlock, swallows the
 /// storage_error and carries on, as a careless handler does.
-std::string deadlock_and_swallow(tx& t, const std::string& row, std::latch& holds_1,
+std::string deadlock_and_swallow(tx& t, const std::string& row, rendezvous& holds_1,
                                  crossing_locker& other) {
   t.execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'handler')", row);
   t.query("SELECT v FROM mysql_test_locks WHERE id = 1 FOR UPDATE");
-  holds_1.count_down();
-  other.wait_until_it_holds_2();
+  holds_1.raise();
+  if (!other.wait_until_it_holds_2()) return "the other session never took lock 2";
   try {
     t.query("SELECT v FROM mysql_test_locks WHERE id = 2 FOR UPDATE");
   } catch (const storage_error& e) {
@@ -121,7 +135,7 @@ TEST_F(MysqlStore, DeadlockSwallowedInPostRpcNeverRecordsSuccessWithoutTheHandle
   manager m(*store_);
   const auto rid = id("post-deadlock");
   const std::string row = scope_ + "/post";
-  std::latch holds_1{1};
+  rendezvous holds_1;
   crossing_locker other(holds_1);
   std::string swallowed;
   bool threw = false;
@@ -164,7 +178,7 @@ TEST_F(MysqlStore, DeadlockSwallowedInPreRpcIsRetryableAndLeavesNothing) {
   manager m(*store_);
   const auto rid = id("pre-deadlock");
   const std::string row = scope_ + "/pre";
-  std::latch holds_1{1};
+  rendezvous holds_1;
   crossing_locker other(holds_1);
   std::string swallowed;
   int rpcs = 0;
@@ -195,7 +209,7 @@ TEST_F(MysqlStore, DeadlockSwallowedInPreRpcIsRetryableAndLeavesNothing) {
 // rollback() stays harmless.
 TEST_F(MysqlStore, ATransactionTheServerRolledBackRefusesEveryLaterStatement) {
   const std::string row = scope_ + "/poisoned";
-  std::latch holds_1{1};
+  rendezvous holds_1;
   crossing_locker other(holds_1);
   auto t = store_->begin_on_shard(0);
   const auto swallowed = deadlock_and_swallow(*t, row, holds_1, other);
@@ -358,6 +372,13 @@ TEST_F(MysqlStore, AStoppedClientsRowLockEndsWithinTheSessionIdleTimeout) {
       ::_exit(5);
     }
   }
+  struct reap {
+    pid_t pid;
+    ~reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
   ::close(ready[1]);
   char c = 0;
   const bool locked = ::read(ready[0], &c, 1) == 1 && c == 'L';
@@ -366,13 +387,6 @@ TEST_F(MysqlStore, AStoppedClientsRowLockEndsWithinTheSessionIdleTimeout) {
   if (locked) {
     ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
   }
-  struct reap {
-    pid_t pid;
-    ~reap() {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  } reaper{child};
   ASSERT_TRUE(locked) << "the child could not lock the row";
   ASSERT_TRUE(WIFSTOPPED(status));
 
