@@ -1,6 +1,6 @@
 // The client side of the Orpheus contract: what to retry, when, and how much.
 //
-//   orpheus::client::retry_policy policy;            // 5 attempts, 30 s, full jitter
+//   orpheus::client::retry_policy policy;            // 5 attempts, 90 s, full jitter
 //   auto budget = std::make_shared<orpheus::client::retry_budget>();  // one per client
 //   const std::string key = orpheus::client::new_idempotency_key();   // UUIDv4
 //
@@ -64,12 +64,26 @@ enum class error_kind {
 [[nodiscard]] std::optional<std::chrono::milliseconds> parse_retry_after(
     std::string_view value, std::chrono::system_clock::time_point now);
 
+/// The defaults are sized for a server on orpheus::config's defaults (lease
+/// 30 s, rpc_timeout 20 s); docs/client.md "Sizing" explains the relations,
+/// and a test checks them. Scale them together if the server's differ:
+///  - attempt_timeout (30 s) >= the server's lease: longer than its RPC
+///    timeout plus the time to record the answer, which the server bounds by
+///    the lease. A shorter one (it was 10 s, under the 20 s RPC timeout) gave
+///    up on attempts that were about to answer, and its retry met 409.
+///  - deadline (90 s) >= lease + attempt_timeout + max_delay: a call outlives
+///    one lease take-over (a first attempt that never answers holds its key
+///    for a lease; the take-over then needs a whole attempt). It was 30 s,
+///    the lease itself: a 409 whose Retry-After was the rest of the lease
+///    ended the call (issue 7, defect 11).
+///  - max_attempts (5) >= 3: the lost attempt, a 409 waited out, the
+///    take-over.
 struct retry_policy {
   int max_attempts = 5;                              ///< the first one included
   std::chrono::milliseconds base_delay{100};         ///< backoff before retry 1
   std::chrono::milliseconds max_delay{5000};         ///< backoff cap
-  std::chrono::milliseconds deadline{30000};         ///< for the whole call
-  std::chrono::milliseconds attempt_timeout{10000};  ///< for one attempt
+  std::chrono::milliseconds deadline{90000};         ///< for the whole call
+  std::chrono::milliseconds attempt_timeout{30000};  ///< for one attempt, lookup included
 };
 
 /// Throws std::invalid_argument on a policy that cannot work.
