@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "transport.hpp"
+
 namespace orpheus::client {
 
 namespace http = boost::beast::http;
@@ -56,11 +58,17 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     info.kind = kind_of_status(info.status);
     // The server's own word wins: a problem+json body with "retryable":
     // false (a recorded terminal failure) is final whatever its status.
+    // Only a JSON boolean counts: value("retryable", true) threw
+    // nlohmann's type_error out of send() on "yes", 1 or null (issue 7,
+    // defect 14); anything but a boolean is treated as absent.
     if (info.kind != error_kind::none &&
         (*res)[http::field::content_type].starts_with("application/problem+json")) {
       const auto problem = nlohmann::json::parse(res->body(), nullptr, false);
-      if (problem.is_object() && problem.value("retryable", true) == false) {
-        info.kind = error_kind::none;
+      if (problem.is_object()) {
+        const auto it = problem.find("retryable");
+        if (it != problem.end() && it->is_boolean() && !it->get<bool>()) {
+          info.kind = error_kind::none;
+        }
       }
     }
     const auto ra = (*res)[http::field::retry_after];
@@ -103,7 +111,9 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
 }
 
 idempotent_client::idempotent_client(http_endpoint server, client_options options)
-    : server_(std::move(server)), options_(std::move(options)) {
+    : server_(std::move(server)),
+      options_(std::move(options)),
+      io_(std::make_shared<detail::io_runner>()) {
   validate(options_.policy);
   if (!options_.budget) throw std::invalid_argument("client_options: no retry budget");
   if (options_.key_header.empty()) throw std::invalid_argument("client_options: empty key header");
@@ -115,7 +125,7 @@ call_result idempotent_client::send(const prepared_request& req) const {
     std::optional<http_response> res;
     std::optional<beast::transport_error> failure;
     try {
-      res = beast::send(server_, req.message(options_.key_header), loop.attempt_timeout());
+      res = io_->send(server_, req.message(options_.key_header), loop.attempt_timeout());
     } catch (const beast::transport_error& e) {
       failure = e;
     }

@@ -110,6 +110,10 @@ class retry_loop {
   std::mt19937_64 rng_;
 };
 
+namespace detail {
+class io_runner;
+}
+
 class idempotent_client {
  public:
   /// Throws std::invalid_argument on a bad policy or a missing budget.
@@ -124,6 +128,7 @@ class idempotent_client {
  private:
   http_endpoint server_;
   client_options options_;
+  std::shared_ptr<detail::io_runner> io_;  ///< the sync form's io thread, shared by copies
 };
 
 }  // namespace orpheus::client
