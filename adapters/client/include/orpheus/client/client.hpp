@@ -14,6 +14,12 @@
 // one client. send() never throws for HTTP or network failures: the result
 // says what happened and why it stopped.
 //
+// One deadline bounds each attempt: host name lookup, connect, write and
+// read (the lookup used to run outside it). The sync form runs its attempts
+// on an io thread the client owns (one per client and its copies), so that a
+// lookup past its deadline is abandoned rather than waited for; destroying
+// the client waits for such a lookup to end.
+//
 // Thread safety: a client may be used by several threads at once; it shares
 // its retry budget between them.
 #pragma once

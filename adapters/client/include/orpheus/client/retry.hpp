@@ -12,6 +12,8 @@
 //   other 4xx, 501            never: the request will not succeed as sent
 //   "retryable": false        never, whatever the status: the server says in
 //                             its problem+json body that the answer is final
+//                             (a JSON boolean only: "yes", 1 or null count as
+//                             absent, and the status decides)
 // A server's Retry-After (seconds or an HTTP-date) is honoured as the least
 // wait. Waits grow exponentially with full jitter (a random wait between 0 and
 // the current backoff, as AWS's standard retry mode does), capped, and stop at
