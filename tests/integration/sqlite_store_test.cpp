@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <future>
 #include <iostream>
+#include <optional>
+#include <thread>
+#include <vector>
 
 #include "orpheus/manager.hpp"
 #include "orpheus/store/sqlite.hpp"
@@ -60,7 +63,8 @@ TEST(SqliteStore, AThrowingPostRpcDoesNotHangAPoolOfOne) {
   EXPECT_EQ(rec->state, record_state::retryable) << "the lease was released, not left to expire";
 }
 
-TEST(SqliteStore, WaitingForAConnectionIsBounded) {
+// Waiting for the writer (another thread holds a transaction) is bounded too.
+TEST(SqliteStore, WaitingForTheWriterIsBounded) {
   sqlite_store s(
       {.path = fresh_path(), .busy_timeout = std::chrono::milliseconds(200), .max_connections = 1});
   s.migrate();
@@ -100,6 +104,162 @@ TEST(SqliteStore, ATransactionEndedUnderTheLibraryIsPoisoned) {
   EXPECT_THROW(t->commit(), storage_error);
   t.reset();
   EXPECT_FALSE(s.inspect(rid)) << "nothing may have been committed in autocommit mode";
+}
+
+// Waits until `n` transactions queue for the writer (a hang guard only).
+void await_waiting(sqlite_store& s, std::size_t n) {
+  for (int i = 0; i < 60'000 && s.writer_stats().waiting < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(s.writer_stats().waiting, n) << "no transaction queued for the writer";
+}
+
+void insert_row(store_tx& t, const std::string& id) {
+  t.execute("INSERT INTO gc_rows (id) VALUES (?)", id);
+}
+
+bool row_exists(sqlite_store& s, const std::string& id) {
+  auto t = s.begin_on_shard(0);
+  const bool found = !t->query("SELECT 1 FROM gc_rows WHERE id = ?", id).empty();
+  t->commit();
+  return found;
+}
+
+std::unique_ptr<sqlite_store> store_with_table(std::size_t max_batch = 64) {
+  auto s =
+      std::make_unique<sqlite_store>(sqlite_options{.path = fresh_path(), .max_batch = max_batch});
+  s->migrate();
+  auto t = s->begin_on_shard(0);
+  t->execute("CREATE TABLE gc_rows (id TEXT PRIMARY KEY)");
+  t->commit();
+  return s;
+}
+
+// Issue 8.1: transactions that end while others wait share one COMMIT (one
+// fsync); a transaction rolled back inside the batch undoes only its own
+// writes; and commit() returns only after the shared COMMIT.
+TEST(SqliteStore, TransactionsThatMeetShareOneCommitAndARollbackUndoesOnlyItsOwn) {
+  auto s = store_with_table();
+  const auto before = s->writer_stats();
+  auto a = s->begin_on_shard(0);  // holds the writer
+  insert_row(*a, "a");
+  auto b_done = std::async(std::launch::async, [&] {
+    auto b = s->begin_on_shard(0);  // queues behind a
+    insert_row(*b, "b");
+    b->rollback();  // nobody waits behind b: b commits the batch (a's row)
+  });
+  await_waiting(*s, 1);
+  auto a_done = std::async(std::launch::async, [&] { a->commit(); });  // hands on to b, waits
+  within(std::chrono::seconds(60), [&] {
+    b_done.get();
+    a_done.get();
+    return 0;
+  });
+  const auto after = s->writer_stats();
+  EXPECT_EQ(after.transactions - before.transactions, 2U);
+  EXPECT_EQ(after.commits - before.commits, 1U) << "one COMMIT for both";
+  EXPECT_TRUE(row_exists(*s, "a"));
+  EXPECT_FALSE(row_exists(*s, "b")) << "b's rollback must not take a's write with it";
+}
+
+// With max_batch 1 every transaction commits on its own (the behaviour
+// without group commit, for comparison).
+TEST(SqliteStore, MaxBatchOfOneCommitsEveryTransactionAlone) {
+  auto s = store_with_table(1);
+  const auto before = s->writer_stats();
+  auto a = s->begin_on_shard(0);
+  insert_row(*a, "a");
+  auto b_done = std::async(std::launch::async, [&] {
+    auto b = s->begin_on_shard(0);
+    insert_row(*b, "b");
+    b->commit();
+  });
+  await_waiting(*s, 1);
+  a->commit();
+  within(std::chrono::seconds(60), [&] {
+    b_done.get();
+    return 0;
+  });
+  EXPECT_EQ(s->writer_stats().commits - before.commits, 2U);
+  EXPECT_TRUE(row_exists(*s, "a"));
+  EXPECT_TRUE(row_exists(*s, "b"));
+}
+
+// If SQLite rolls the shared transaction back, every transaction that had
+// committed into it must hear that nothing was committed (and not in doubt).
+TEST(SqliteStore, ABatchLostUnderItsMembersFailsEveryOneOfThem) {
+  auto s = store_with_table();
+  auto a = s->begin_on_shard(0);
+  insert_row(*a, "a");
+  auto b_done = std::async(std::launch::async, [&] {
+    auto b = s->begin_on_shard(0);
+    insert_row(*b, "b");
+    b->execute("ROLLBACK");  // what SQLite does on its own after an I/O error
+    EXPECT_THROW(b->commit(), storage_error);
+  });
+  await_waiting(*s, 1);
+  auto a_done = std::async(std::launch::async, [&]() -> std::optional<storage_error> {
+    try {
+      a->commit();
+    } catch (const storage_error& e) {
+      return e;
+    }
+    return std::nullopt;
+  });
+  const auto a_failure = within(std::chrono::seconds(60), [&] {
+    b_done.get();
+    return a_done.get();
+  });
+  ASSERT_TRUE(a_failure) << "a was told its write committed, and it was lost";
+  EXPECT_TRUE(a_failure->retryable());
+  EXPECT_FALSE(a_failure->in_doubt()) << "nothing was committed, and that is known";
+  EXPECT_FALSE(row_exists(*s, "a"));
+  EXPECT_FALSE(row_exists(*s, "b"));
+  EXPECT_EQ(s->writer_stats().failed_batches, 1U);
+}
+
+// Many threads, many keys, through the manager: every request recorded once.
+TEST(SqliteStore, SixteenThreadsOfNewKeysAllCommitThroughTheSingleWriter) {
+  auto s = store_with_table();
+  manager m(*s);
+  constexpr int threads = 16;
+  constexpr int each = 40;
+  std::vector<std::future<int>> done;
+  for (int t = 0; t < threads; ++t) {
+    done.push_back(std::async(std::launch::async, [&, t] {
+      int ok = 0;
+      for (int i = 0; i < each; ++i) {
+        const std::string key = "k" + std::to_string(t) + "-" + std::to_string(i);
+        const auto r = m.process(
+            request_id{"scope", key, fingerprint_of(key)},
+            [&](tx& x) {
+              x.execute("INSERT INTO gc_rows (id) VALUES (?)", key);
+              return key;
+            },
+            [](const attempt&, const std::string& k) { return k; },
+            [](tx&, const attempt&, const outcome<std::string>& o) {
+              return response{201, {}, o.value()};
+            });
+        ok += r.status == 201 && !r.replayed;
+      }
+      return ok;
+    }));
+  }
+  int ok = within(std::chrono::seconds(300), [&] {
+    int n = 0;
+    for (auto& d : done) n += d.get();
+    return n;
+  });
+  EXPECT_EQ(ok, threads * each);
+  const auto st = s->writer_stats();
+  EXPECT_EQ(st.failed_batches, 0U);
+  for (int t = 0; t < threads; ++t) {
+    const std::string key = "k" + std::to_string(t) + "-" + std::to_string(each - 1);
+    EXPECT_EQ(s->inspect(request_id{"scope", key, fingerprint_of(key)})->state,
+              record_state::succeeded);
+    EXPECT_TRUE(row_exists(*s, key));
+  }
+  std::cout << "writer: " << st.transactions << " transactions, " << st.commits << " commits\n";
 }
 
 // Issue 7.14: the journal mode was set and never checked.

@@ -6,19 +6,28 @@
 //
 // For development, tests, single-node deployments and the demo. Durability:
 // synchronous=FULL, so a committed record survives a crash of the process
-// and of the machine. Writers are serialised by SQLite (BEGIN IMMEDIATE);
-// readers run beside them. Timestamps come from SQLite's clock, which here is
-// the host's clock: with one file there is only one host.
+// and of the machine; commit() returns only once its transaction is durable.
+// Writes: the threads of one process take turns, first come first served, on
+// one writer connection (no sleeping in SQLite's busy handler), and
+// transactions that end while others wait share one COMMIT, so one fsync
+// (group commit; each transaction is a SAVEPOINT of the batch and rolls back
+// alone). Other processes on the same file wait up to busy_timeout for the
+// file lock. Reads (the replay fast path) use a pool of connections beside
+// the writer. Timestamps come from SQLite's clock, which here is the host's
+// clock: with one file there is only one host.
 //
 // Errors: SQLITE_BUSY/LOCKED (another writer past busy_timeout), I/O errors
 // and a full disk are retryable storage_errors; SQL errors (bad statement,
-// missing table) are not. A failed COMMIT is reported in doubt.
+// missing table) are not. A failed COMMIT is reported in doubt, to every
+// transaction of its batch. Waiting longer than busy_timeout for the writer or
+// a read connection is a retryable error, never a hang.
 //
 // Thread safety: the store is shared by all threads; it pools connections.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -30,14 +39,27 @@ struct sqlite_options {
   std::string path;  ///< the database file; created if missing
   /// How long a writer waits for another writer before SQLITE_BUSY.
   std::chrono::milliseconds busy_timeout = std::chrono::milliseconds(5000);
-  /// Connections kept open (callers beyond this wait for one).
+  /// Read connections kept open (readers beyond this wait for one).
   std::size_t max_connections = 16;
+  /// Transactions that share one COMMIT at most (1: every transaction
+  /// commits alone, as without group commit).
+  std::size_t max_batch = 64;
+};
+
+/// What the writer did since the store was opened (tests, benchmarks).
+struct sqlite_writer_stats {
+  std::uint64_t transactions = 0;    ///< write transactions that ended
+  std::uint64_t rollbacks = 0;       ///< of which were undone
+  std::uint64_t commits = 0;         ///< COMMITs run: one fsync each
+  std::uint64_t failed_batches = 0;  ///< COMMITs that failed or were lost
+  std::size_t waiting = 0;           ///< transactions waiting for the writer now
 };
 
 class sqlite_store final : public store {
  public:
-  /// Opens (or creates) the file. Throws config_error when the path is empty
-  /// or max_connections is 0, storage_error when the file cannot be opened.
+  /// Opens (or creates) the file. Throws config_error when the path is empty,
+  /// max_connections or max_batch is 0, or the file cannot use WAL;
+  /// storage_error when the file cannot be opened.
   explicit sqlite_store(sqlite_options options);
   ~sqlite_store() override;
 
@@ -50,6 +72,7 @@ class sqlite_store final : public store {
   std::size_t purge_expired(std::size_t shard, std::size_t limit) override;
   void migrate() override;
   int schema_version(std::size_t shard) override;
+  [[nodiscard]] sqlite_writer_stats writer_stats();
 
   struct impl;
 

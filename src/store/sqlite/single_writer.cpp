@@ -1,0 +1,188 @@
+#include "single_writer.hpp"
+
+#include <string>
+
+namespace orpheus::sqlite_detail {
+namespace {
+
+// A batch older than this is committed by the next member that ends, even
+// when others wait: the first member's latency stays bounded under steady
+// load. Long next to an fsync (0.1-2 ms), short next to a request.
+constexpr std::chrono::microseconds max_batch_age{2000};
+
+// How many failed batches are remembered for members that still wait.
+constexpr std::size_t failures_kept = 64;
+
+}  // namespace
+
+single_writer::single_writer(const sqlite_options& o)
+    : busy_timeout_(o.busy_timeout),
+      max_batch_(o.max_batch),
+      max_batch_age_(max_batch_age),
+      conn_(std::make_unique<connection>(o)) {}
+
+std::uint64_t single_writer::take_turn(std::unique_lock<std::mutex>& lock) {
+  const std::uint64_t ticket = next_ticket_++;
+  const auto until = clock::now() + busy_timeout_;
+  while (serving_ != ticket) {
+    if (changed_.wait_until(lock, until) == std::cv_status::timeout && serving_ != ticket) {
+      abandoned_.insert(ticket);
+      throw storage_error::transient("sqlite: waited busy_timeout for the writer connection (" +
+                                     std::to_string(next_ticket_ - serving_) + " in line)");
+    }
+  }
+  return ticket;
+}
+
+void single_writer::pass_turn(std::unique_lock<std::mutex>&) {
+  ++serving_;
+  while (abandoned_.erase(serving_) > 0) ++serving_;
+  changed_.notify_all();
+}
+
+bool single_writer::has_waiter(std::unique_lock<std::mutex>&) const {
+  for (std::uint64_t t = serving_ + 1; t < next_ticket_; ++t) {
+    if (abandoned_.count(t) == 0) return true;
+  }
+  return false;
+}
+
+std::uint64_t single_writer::enter() {
+  std::unique_lock lock(m_);
+  take_turn(lock);
+  try {
+    if (!batch_open_) {
+      lock.unlock();
+      conn_->exec("BEGIN IMMEDIATE");  // other processes: the busy timeout
+      lock.lock();
+      batch_open_ = true;
+      ++batch_;
+      kept_ = 0;
+      batch_started_ = clock::now();
+    }
+    const std::uint64_t batch = batch_;
+    lock.unlock();
+    conn_->exec("SAVEPOINT orpheus_member");
+    return batch;
+  } catch (...) {
+    if (!lock.owns_lock()) lock.lock();
+    // An open batch with members that committed must still be finished by
+    // someone: the next member, or this one now.
+    if (batch_open_ && !has_waiter(lock)) commit_batch(lock);
+    pass_turn(lock);
+    throw;
+  }
+}
+
+void single_writer::leave(std::uint64_t batch, bool keep) {
+  // 1. The member's own savepoint, while it still has the connection.
+  std::optional<storage_error> own_failure;
+  bool kept = keep;
+  sqlite3* db = conn_->db();
+  bool outer_alive = sqlite3_get_autocommit(db) == 0;
+  if (outer_alive && keep) {
+    try {
+      conn_->exec("RELEASE SAVEPOINT orpheus_member");
+    } catch (const storage_error& e) {
+      own_failure = e;
+      kept = false;
+    }
+  }
+  if (sqlite3_get_autocommit(db) == 0 && !kept) {
+    // Undo this member alone; the savepoint must not stay open under the
+    // next member either.
+    sqlite3_exec(db, "ROLLBACK TO SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
+    sqlite3_exec(db, "RELEASE SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
+  }
+  outer_alive = sqlite3_get_autocommit(db) == 0;
+
+  std::unique_lock lock(m_);
+  ++stats_.transactions;
+  if (!kept) ++stats_.rollbacks;
+  const bool mine = batch_open_ && batch_ == batch;
+  if (mine && !outer_alive) {
+    // SQLite rolled the outer transaction back on its own: every member that
+    // committed into it lost its work, and nothing of it was committed.
+    finish_batch(lock, batch,
+                 storage_error::transient("sqlite: the database rolled the batch back after an "
+                                          "error; nothing of it was committed"));
+  } else if (mine) {
+    if (kept) ++kept_;
+    const bool hand_on =
+        has_waiter(lock) && kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_;
+    if (!hand_on) commit_batch(lock);
+  }
+  pass_turn(lock);
+
+  // 2. Wait until the batch is durable (or failed). Bounded: a member that
+  // holds the connection forever must not hold every earlier one; past the
+  // bound the outcome is unknown, which is what in doubt means.
+  const bool done = changed_.wait_for(lock, busy_timeout_, [&] { return finished_ >= batch; });
+  if (!keep) return;
+  if (own_failure) throw *own_failure;
+  if (!done) {
+    throw storage_error::transient(
+        "sqlite: the batch holding this commit did not finish within busy_timeout",
+        /*in_doubt=*/true);
+  }
+  if (const auto f = failed_.find(batch); f != failed_.end()) throw f->second;
+}
+
+void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
+  const std::uint64_t batch = batch_;
+  const bool any = kept_ > 0;
+  lock.unlock();
+  std::optional<storage_error> failure;
+  sqlite3* db = conn_->db();
+  // A batch nobody kept anything in needs no fsync: roll it back.
+  const int rc = sqlite3_exec(db, any ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK && any) {
+    try {
+      throw_sqlite(db, rc, "commit", /*in_commit=*/true);
+    } catch (const storage_error& e) {
+      failure = e;
+    }
+  }
+  if (sqlite3_get_autocommit(db) == 0) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  lock.lock();
+  if (any) ++stats_.commits;
+  finish_batch(lock, batch, std::move(failure));
+}
+
+void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t batch,
+                                 std::optional<storage_error> failure) {
+  batch_open_ = false;
+  finished_ = batch;
+  if (failure) {
+    ++stats_.failed_batches;
+    failed_.insert_or_assign(batch, std::move(*failure));
+    while (failed_.size() > failures_kept) failed_.erase(failed_.begin());
+  }
+  changed_.notify_all();
+}
+
+void single_writer::exclusively(const std::function<void(connection&)>& f) {
+  std::unique_lock lock(m_);
+  take_turn(lock);
+  try {
+    if (batch_open_) commit_batch(lock);  // handed an open batch: finish it first
+    lock.unlock();
+    f(*conn_);
+    lock.lock();
+  } catch (...) {
+    if (!lock.owns_lock()) lock.lock();
+    pass_turn(lock);
+    throw;
+  }
+  pass_turn(lock);
+}
+
+sqlite_writer_stats single_writer::stats() {
+  std::unique_lock lock(m_);
+  sqlite_writer_stats out = stats_;
+  for (std::uint64_t t = serving_ + 1; t < next_ticket_; ++t)
+    out.waiting += abandoned_.count(t) == 0;
+  return out;
+}
+
+}  // namespace orpheus::sqlite_detail

@@ -1,0 +1,98 @@
+// The one connection of this process that writes to the SQLite file, the
+// FIFO queue in front of it, and group commit.
+//
+// Why: with a connection per thread, writers of one process met at SQLite's
+// file lock and slept in its busy handler (tails of most of a second under
+// load), and every transaction paid an fsync of its own. Here the threads of
+// one process take turns on one connection in arrival order, and each
+// transaction (a member) runs as a SAVEPOINT inside a shared outer
+// transaction (a batch). A member that ends while others wait hands the
+// connection on and waits for the batch's COMMIT; the member that finds no one
+// waiting, or the batch full or old, commits it: one fsync for the batch.
+// Other processes on the same file still meet at the file lock, with the busy
+// timeout, as before.
+//
+// Durability does not change: synchronous=FULL, and a member's commit
+// returns only once the COMMIT that contains it is durable. A member rolled
+// back undoes its own savepoint only. A member that ends by rollback also
+// waits for its batch: it may have read what earlier members wrote, and
+// nothing it answers may be seen before that is durable.
+//
+// Failure: if the batch's COMMIT fails, every member that committed into it
+// gets an in-doubt storage_error. If SQLite rolls the outer transaction back
+// on its own (I/O error, full disk), every member that committed into it gets
+// a retryable one (nothing was committed), and the member that was running
+// is poisoned (see sqlite_store.cpp).
+//
+// Thread safety: all members are called from their own threads; the
+// connection is used only by the member whose turn it is.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "connection.hpp"
+
+namespace orpheus::sqlite_detail {
+
+class single_writer {
+ public:
+  explicit single_writer(const sqlite_options& o);
+
+  /// Takes this thread's turn (first come, first served; at most
+  /// busy_timeout, else a retryable storage_error), opens a batch if none is
+  /// open, and starts the member's savepoint. Returns the member's batch.
+  std::uint64_t enter();
+  /// The connection, for the member whose turn it is.
+  [[nodiscard]] connection& conn() { return *conn_; }
+  /// Ends the member whose turn it is: keeps (RELEASE) or undoes (ROLLBACK
+  /// TO) its savepoint, then hands the connection on or commits the batch,
+  /// and returns once the batch is finished. For a kept member, throws the
+  /// batch's failure; an undone member's outcome is its own rollback.
+  void leave(std::uint64_t batch, bool keep);
+  /// Runs `f` on the connection with no batch open (migrations), in turn.
+  void exclusively(const std::function<void(connection&)>& f);
+
+  [[nodiscard]] sqlite_writer_stats stats();
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  std::uint64_t take_turn(std::unique_lock<std::mutex>& lock);
+  void pass_turn(std::unique_lock<std::mutex>& lock);
+  [[nodiscard]] bool has_waiter(std::unique_lock<std::mutex>& lock) const;
+  void commit_batch(std::unique_lock<std::mutex>& lock);
+  void finish_batch(std::unique_lock<std::mutex>& lock, std::uint64_t batch,
+                    std::optional<storage_error> failure);
+
+  const std::chrono::milliseconds busy_timeout_;
+  const std::size_t max_batch_;
+  const std::chrono::microseconds max_batch_age_;
+  std::unique_ptr<connection> conn_;
+
+  std::mutex m_;
+  std::condition_variable changed_;  // a turn passed or a batch finished
+  // The queue: tickets served in order; a waiter that gave up leaves its
+  // ticket in `abandoned_`, skipped when its turn comes.
+  std::uint64_t next_ticket_ = 0;
+  std::uint64_t serving_ = 0;
+  std::set<std::uint64_t> abandoned_;
+  // The batch: open between its BEGIN and its COMMIT.
+  bool batch_open_ = false;
+  std::uint64_t batch_ = 0;     // the open (or last) batch
+  std::uint64_t finished_ = 0;  // every batch up to this one is finished
+  std::size_t kept_ = 0;        // members of the open batch that committed
+  clock::time_point batch_started_;
+  std::map<std::uint64_t, storage_error> failed_;  // recent failed batches
+  sqlite_writer_stats stats_;
+};
+
+}  // namespace orpheus::sqlite_detail
