@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -41,13 +42,23 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   server_options options;
   handler on_request;
   net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
+  // The acceptor and its back-off timer live on one strand: stop() and
+  // stop_accepting() close them from another io thread.
+  net::strand<net::io_context::executor_type> accept_strand{net::make_strand(ioc)};
+  tcp::acceptor acceptor{accept_strand};
+  net::steady_timer backoff{accept_strand};
   std::vector<std::thread> threads;
-  std::mutex mutex;  // guards sessions and stopped
+  mutable std::mutex mutex;  // guards what follows
   std::vector<std::weak_ptr<session>> sessions;
+  std::size_t open = 0;   // sessions alive
+  bool accepting = true;  // false after stop_accepting() or stop()
+  bool paused = false;    // at max_connections: no accept pending
   bool stopped = false;
 
   void accept();
+  void on_accept(boost::beast::error_code ec, tcp::socket s);
+  void accept_next();
+  void session_closed();
 
   // Posts `f` to the io_context unless the server has stopped: after stop()
   // nothing runs the io_context, so a posted answer would never be written
@@ -64,7 +75,10 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 class session : public std::enable_shared_from_this<session> {
  public:
   session(tcp::socket&& socket, std::shared_ptr<server::impl> owner)
-      : stream_(std::move(socket)), owner_(std::move(owner)) {}
+      : owner_(std::move(owner)), stream_(std::move(socket)) {}
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+  ~session() { owner_->session_closed(); }
 
   void run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
@@ -80,12 +94,35 @@ class session : public std::enable_shared_from_this<session> {
   boost::beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
 
  private:
+  // Three clocks, so that each kind of slow client is cut off by its own
+  // limit: idle_timeout until a keep-alive connection's next request starts,
+  // header_timeout for its header block, read_timeout for its body.
   void read() {
     const auto& o = owner_->options;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(o.header_limit));
     parser_->body_limit(o.body_limit);
-    stream_.expires_after(o.read_timeout);
+    if (!served_one_ || buffer_.size() > 0) return read_header();
+    stream_.expires_after(o.idle_timeout);
+    stream_.async_read_some(buffer_.prepare(1024), [self = shared_from_this()](
+                                                       boost::beast::error_code ec, std::size_t n) {
+      if (ec) return self->on_read(ec);
+      self->buffer_.commit(n);
+      self->read_header();
+    });
+  }
+
+  void read_header() {
+    stream_.expires_after(owner_->options.header_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
+                              if (ec || self->parser_->is_done()) return self->on_read(ec);
+                              self->read_body();
+                            });
+  }
+
+  void read_body() {
+    stream_.expires_after(owner_->options.read_timeout);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
                        self->on_read(ec);
@@ -99,13 +136,22 @@ class session : public std::enable_shared_from_this<session> {
       return shutdown();
     }
     if (ec) {  // refuse and close: the stream is out of sync after a bad request
+      // Fixed texts: a parser's message is not for clients (issue 7, 13).
       unsigned status = 400;
-      if (ec == http::error::body_limit) status = 413;
-      if (ec == http::error::header_limit) status = 431;
-      auto r = make_response(status, ec.message() + "\n");
+      std::string why = "malformed request\n";
+      if (ec == http::error::body_limit) {
+        status = 413;
+        why = "request body too large\n";
+      }
+      if (ec == http::error::header_limit) {
+        status = 431;
+        why = "request header too large\n";
+      }
+      auto r = make_response(status, std::move(why));
       r.keep_alive(false);
       return write(std::move(r));
     }
+    served_one_ = true;
     http_request req = parser_->release();
     const bool keep_alive = req.keep_alive();
     // The handler may answer later from another thread: hop back onto this
@@ -149,25 +195,77 @@ class session : public std::enable_shared_from_this<session> {
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
   }
 
+  // First, so destroyed last: the stream's socket and timer belong to the
+  // owner's io_context. A session released last by a pool thread (an answer
+  // given after the server object was gone) used to free the io_context
+  // before the stream (heap-use-after-free seen under ASan at SIGTERM).
+  std::shared_ptr<server::impl> owner_;
   boost::beast::tcp_stream stream_;
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  std::shared_ptr<server::impl> owner_;
+  bool served_one_ = false;  // a new connection has nothing to be idle about
 };
 
 void server::impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](
-                                                   boost::beast::error_code ec, tcp::socket s) {
-    if (ec) return;  // closed by stop()
-    auto sess = std::make_shared<session>(std::move(s), self);
+  acceptor.async_accept(net::make_strand(ioc),
+                        [self = shared_from_this()](boost::beast::error_code ec, tcp::socket s) {
+                          self->on_accept(ec, std::move(s));
+                        });
+}
+
+// Runs on accept_strand. Issue 7, defect 1: this used to return on any
+// error, so one EMFILE (idle connections using up the descriptors) ended
+// accepting for the life of the process.
+void server::impl::on_accept(boost::beast::error_code ec, tcp::socket s) {
+  if (ec == net::error::operation_aborted || !acceptor.is_open()) return;  // stop_accepting()
+  if (ec == boost::system::errc::too_many_files_open ||
+      ec == boost::system::errc::too_many_files_open_in_system ||
+      ec == boost::system::errc::no_buffer_space || ec == boost::system::errc::not_enough_memory) {
+    // The connection stays in the listen backlog. Accepting again at once
+    // would fail again at once (a busy loop on the io thread): wait until
+    // some connection has had time to close.
+    backoff.expires_after(options.accept_backoff);
+    backoff.async_wait([self = shared_from_this()](boost::beast::error_code e) {
+      if (!e) self->accept_next();
+    });
+    return;
+  }
+  if (!ec) {  // other errors (ECONNABORTED, ...) concern that one connection
+    std::shared_ptr<session> sess;
     {
-      std::lock_guard lock(self->mutex);
-      std::erase_if(self->sessions, [](const auto& w) { return w.expired(); });
-      self->sessions.push_back(sess);
+      std::lock_guard lock(mutex);
+      if (stopped) return;
+      ++open;  // before the session exists: its destructor counts down
+      sess = std::make_shared<session>(std::move(s), shared_from_this());
+      std::erase_if(sessions, [](const auto& w) { return w.expired(); });
+      sessions.push_back(sess);
     }
     sess->run();
-    self->accept();
-  });
+  }
+  accept_next();
+}
+
+// Accepts the next connection, unless max_connections are open: then the
+// last session to close resumes (session_closed).
+void server::impl::accept_next() {
+  {
+    std::lock_guard lock(mutex);
+    if (!accepting || stopped) return;
+    if (options.max_connections != 0 && open >= options.max_connections) {
+      paused = true;
+      return;
+    }
+  }
+  accept();
+}
+
+void server::impl::session_closed() {
+  std::lock_guard lock(mutex);
+  --open;
+  if (paused && accepting && !stopped) {
+    paused = false;
+    net::post(accept_strand, [self = shared_from_this()] { self->accept_next(); });
+  }
 }
 
 server::server(server_options options, handler h) : impl_(std::make_shared<impl>()) {
@@ -190,9 +288,32 @@ server::~server() { stop(); }
 unsigned short server::port() const { return impl_->acceptor.local_endpoint().port(); }
 
 void server::start() {
-  impl_->accept();
+  net::post(impl_->accept_strand, [i = impl_] { i->accept_next(); });
   const auto n = std::max<std::size_t>(1, impl_->options.io_threads);
   for (std::size_t i = 0; i < n; ++i) impl_->threads.emplace_back([i = impl_] { i->ioc.run(); });
+}
+
+std::size_t server::connections() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->open;
+}
+
+void server::stop_accepting() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (!impl_->accepting || impl_->stopped) return;
+    impl_->accepting = false;
+  }
+  auto close = [i = impl_] {
+    boost::beast::error_code ec;
+    i->acceptor.close(ec);
+    i->backoff.cancel();
+  };
+  if (impl_->threads.empty()) {
+    close();
+  } else {
+    net::post(impl_->accept_strand, close);
+  }
 }
 
 void server::stop() {
@@ -201,20 +322,23 @@ void server::stop() {
     std::lock_guard lock(impl_->mutex);
     if (impl_->stopped) return;
     impl_->stopped = true;  // from now on, answers are dropped, not posted
+    impl_->accepting = false;
     for (auto& w : impl_->sessions) {
       if (auto s = w.lock()) open.push_back(std::move(s));
     }
     impl_->sessions.clear();
   }
-  auto close_all = [i = impl_, open] {
+  auto close_acceptor = [i = impl_] {
     boost::beast::error_code ec;
     i->acceptor.close(ec);
-    for (const auto& s : open) s->close();
+    i->backoff.cancel();
   };
   if (impl_->threads.empty()) {
-    close_all();  // never started: nothing else runs the loop
+    close_acceptor();  // never started: nothing else runs the loop
+    for (const auto& s : open) s->close();
   } else {
-    net::post(impl_->ioc, close_all);
+    net::post(impl_->accept_strand, close_acceptor);
+    for (const auto& s : open) net::post(s->executor(), [s] { s->close(); });
     net::post(impl_->ioc, [i = impl_] { i->ioc.stop(); });
     for (auto& t : impl_->threads) t.join();
     impl_->threads.clear();

@@ -10,8 +10,16 @@
 //
 // Limits are enforced before the handler runs: a header block over
 // `header_limit` is answered 431, a body over `body_limit` 413, a malformed
-// request 400; then the connection is closed. Idle and slow connections are
-// closed after `read_timeout`. None of these affects other connections.
+// request 400; then the connection is closed. A keep-alive connection with no
+// new request for `idle_timeout` is closed, and so is one whose request header
+// does not arrive within `header_timeout` (a new connection's clock starts at
+// accept) or whose body does not arrive within `read_timeout`. None of these
+// affects other connections.
+//
+// Accepting never stops for good (issue 7: one EMFILE used to end the accept
+// loop): with no file descriptor left the server waits `accept_backoff` and
+// tries again; with `max_connections` open it accepts no more until one
+// closes (the kernel's listen backlog holds the rest).
 //
 // Thread safety: the handler is called on an io thread and must not block;
 // `respond` may be called from any thread; only its first call is written. A
@@ -40,7 +48,19 @@ struct server_options {
   std::size_t io_threads = 1;
   std::size_t header_limit = std::size_t{8} * 1024;
   std::size_t body_limit = std::size_t{64} * 1024;
-  std::chrono::seconds read_timeout{30};
+  /// Connections served at once; 0: no cap. Keep it below the process's
+  /// file descriptor limit, with room for the database and downstream calls.
+  std::size_t max_connections = 1024;
+  /// A keep-alive connection waiting this long for its next request is closed.
+  std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
+  /// A request's header block must arrive within this, from its first byte
+  /// (from accept on a new connection): slow-header clients are cut off.
+  std::chrono::milliseconds header_timeout{std::chrono::seconds(10)};
+  /// A request's body, and the writing of an answer, must finish within this.
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(30)};
+  /// After accept() fails for want of file descriptors (EMFILE, ENFILE),
+  /// wait this long before accepting again, instead of spinning.
+  std::chrono::milliseconds accept_backoff{100};
 };
 
 /// Passed to a responder, closes the connection without any answer: the
@@ -63,8 +83,15 @@ class server {
   [[nodiscard]] unsigned short port() const;
   /// Starts the io threads and returns.
   void start();
-  /// Stops accepting, closes connections, joins the io threads. Idempotent.
+  /// Closes the listening socket; open connections are still served (their
+  /// answers in flight are written). The first step of a graceful shutdown:
+  /// stop_accepting(), drain the work pool, then stop(). Idempotent.
+  void stop_accepting();
+  /// Stops accepting, closes connections, joins the io threads; answers
+  /// given after this are dropped. Idempotent.
   void stop();
+  /// Connections open now (for tests and metrics).
+  [[nodiscard]] std::size_t connections() const;
 
   struct impl;  ///< implementation detail (server.cpp)
 
