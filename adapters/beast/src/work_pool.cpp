@@ -10,15 +10,22 @@ work_pool::work_pool(std::size_t threads, std::size_t max_queue) : max_queue_(ma
   }
   threads_.reserve(threads);
   for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  timer_ = std::thread([this] { run_timer(); });
 }
 
-work_pool::~work_pool() {
+work_pool::~work_pool() { drain(); }
+
+void work_pool::drain() {
+  std::lock_guard join(join_mutex_);
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
+  wake_timer_.notify_all();
   wake_.notify_all();
+  if (timer_.joinable()) timer_.join();
   for (auto& t : threads_) t.join();
+  threads_.clear();
 }
 
 bool work_pool::try_submit(std::function<void()> job) {
@@ -31,9 +38,61 @@ bool work_pool::try_submit(std::function<void()> job) {
   return true;
 }
 
+bool work_pool::submit_after(std::chrono::milliseconds delay, std::function<void()> job,
+                             std::function<void()> refused) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return false;
+    delayed_.emplace(std::chrono::steady_clock::now() + delay,
+                     delayed{std::move(job), std::move(refused)});
+  }
+  wake_timer_.notify_one();
+  return true;
+}
+
 std::size_t work_pool::queued() const {
   std::lock_guard lock(mutex_);
   return jobs_.size();
+}
+
+void work_pool::run_timer() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (stopping_) {
+      // Draining: delayed jobs run now (they answer their requests), past
+      // the queue bound, which only protects against new work.
+      for (auto& [when, d] : delayed_) jobs_.push_back(std::move(d.job));
+      delayed_.clear();
+      timer_done_ = true;
+      wake_.notify_all();
+      return;
+    }
+    if (delayed_.empty()) {
+      wake_timer_.wait(lock);
+      continue;
+    }
+    const auto due = delayed_.begin()->first;
+    if (std::chrono::steady_clock::now() < due) {
+      wake_timer_.wait_until(lock, due);
+      continue;
+    }
+    delayed d = std::move(delayed_.begin()->second);
+    delayed_.erase(delayed_.begin());
+    if (jobs_.size() < max_queue_) {
+      jobs_.push_back(std::move(d.job));
+      wake_.notify_one();
+    } else {
+      lock.unlock();
+      {
+        const delayed mine = std::move(d);  // released before the lock is taken again
+        try {
+          mine.refused();
+        } catch (...) {  // NOLINT(bugprone-empty-catch): refused() reports its own errors
+        }
+      }
+      lock.lock();
+    }
+  }
 }
 
 void work_pool::work() {
@@ -41,8 +100,8 @@ void work_pool::work() {
     std::function<void()> job;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopping, and nothing left to run
+      wake_.wait(lock, [&] { return !jobs_.empty() || (stopping_ && timer_done_); });
+      if (jobs_.empty()) return;  // drained, and nothing left to run
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
