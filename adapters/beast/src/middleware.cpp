@@ -1,9 +1,14 @@
 #include "orpheus/beast/middleware.hpp"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <nlohmann/json.hpp>
-#include <random>
+#include <system_error>
+
+#include "orpheus/log.hpp"
 
 namespace orpheus::beast {
 
@@ -44,7 +49,11 @@ std::optional<std::string> unquote(std::string_view v) {
   return out;
 }
 
-// Form bodies: the same fields in another order are the same request.
+// Form bodies: the same fields in another order are the same request. Only
+// the NAMES are ordered, stably: the order of a repeated field is part of its
+// meaning. (Issue 7, defect 2: sorting whole "name=value" fields gave
+// amount=100&...&amount=5 and amount=5&...&amount=100 one fingerprint, and
+// the second payment was answered with the first one's replay.)
 std::string canonical_form(std::string_view body) {
   std::vector<std::string_view> fields;
   while (!body.empty()) {
@@ -52,15 +61,70 @@ std::string canonical_form(std::string_view body) {
     fields.push_back(body.substr(0, amp));
     body = amp == std::string_view::npos ? std::string_view{} : body.substr(amp + 1);
   }
-  std::sort(fields.begin(), fields.end());
+  auto name = [](std::string_view f) { return f.substr(0, f.find('=')); };
+  std::stable_sort(fields.begin(), fields.end(),
+                   [&](std::string_view a, std::string_view b) { return name(a) < name(b); });
   std::string out;
   for (const auto f : fields) out.append(f).push_back('&');
   return out;
 }
 
-std::string canonical_body(const http_request& req) {
+bool is_json(const http_request& req) {
+  return lower(sv(req[http::field::content_type])).rfind("application/json", 0) == 0;
+}
+
+// Whether a JSON text nests arrays and objects deeper than `limit`: one pass,
+// no recursion, brackets inside strings ignored. Issue 7, defect 14(a):
+// nlohmann's dump() (and the handler's own use of the value) recurses once
+// per level, so 100000 '[' overflowed the io thread's stack.
+bool nested_deeper_than(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return false;
+}
+
+// 128 bits from the kernel (getrandom) for every made-up key. Issue 7,
+// defect 14(b): a thread_local mt19937_64 seeded once from 32 bits is
+// predictable from a few outputs and repeats in a forked child.
+std::string random_token() {
+  unsigned char bytes[16];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const auto n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "getrandom");
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (const unsigned char b : bytes) {
+    out += digits[b >> 4];
+    out += digits[b & 0xF];
+  }
+  return out;
+}
+
+std::string canonical_body(const http_request& req, std::size_t max_json_depth) {
   const auto type = lower(sv(req[http::field::content_type]));
-  if (type.rfind("application/json", 0) == 0) {
+  if (type.rfind("application/json", 0) == 0 && !nested_deeper_than(req.body(), max_json_depth)) {
     // Parsed and dumped again: key order and white space do not matter. A
     // body that does not parse is fingerprinted as it is (the handler will
     // refuse it anyway).
@@ -94,7 +158,8 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
 }
 
 std::string middleware::canonical_request(const http_request& req,
-                                          const std::vector<std::string>& headers) {
+                                          const std::vector<std::string>& headers,
+                                          std::size_t max_json_depth) {
   std::string out;
   out.append(sv(req.method_string())).push_back(' ');
   out.append(sv(req.target())).push_back('\n');
@@ -103,7 +168,7 @@ std::string middleware::canonical_request(const http_request& req,
     out.append(sv(req[name])).push_back('\n');
   }
   out.push_back('\n');
-  out.append(canonical_body(req));
+  out.append(canonical_body(req, max_json_depth));
   return out;
 }
 
@@ -128,15 +193,24 @@ std::variant<request_id, http_response> middleware::identify(const http_request&
   } else {
     // No key where none is required: no deduplication, as with any API. The
     // request runs once under a key of its own, which is not echoed.
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    key = "orpheus-unkeyed-" + std::to_string(rng()) + "-" + std::to_string(rng());
+    key = "orpheus-unkeyed-" + random_token();
+  }
+  // Before anything parses the body, here on the io thread.
+  if (is_json(req) && nested_deeper_than(req.body(), options_.max_json_depth)) {
+    return error_response(error_info{400, "invalid_request",
+                                     "the JSON body is nested deeper than " +
+                                         std::to_string(options_.max_json_depth) + " levels",
+                                     false, false, std::nullopt},
+                          {});
   }
   const std::optional<std::string> scope = options_.scope(req);
   if (!scope) {
     return error_response(
         error_info{401, "unauthenticated", "no caller identity", false, false, std::nullopt}, {});
   }
-  request_id id{*scope, *key, fingerprint_of(canonical_request(req, options_.fingerprint_headers))};
+  request_id id{*scope, *key,
+                fingerprint_of(
+                    canonical_request(req, options_.fingerprint_headers, options_.max_json_depth))};
   try {
     validate(id);
   } catch (const error& e) {
@@ -168,27 +242,85 @@ http_response middleware::error_response(const error_info& e, const std::string&
   return res;
 }
 
-http_response middleware::answer(const request_id& id, bool echo_key,
-                                 const std::function<response()>& run) const {
-  const std::string shown_key = echo_key ? id.key : std::string();
+void middleware::start(std::shared_ptr<pending> p) {
+  const responder respond = p->respond;
+  submit([this, p = std::move(p)] { try_once(p); }, respond);
+}
+
+// One try of process(), on a pool thread. It never waits inside process():
+// issue 7, defect 14(c), the manager's wait loop slept on the pool thread,
+// so a few waiters on one held key starved every other request.
+void middleware::try_once(const std::shared_ptr<pending>& p) {
+  process_options o = options_.wait;
+  o.wait_for = std::chrono::milliseconds(0);
+  // A made-up key can never be sent again: nobody can replay its record.
+  // Issue 7, defect 12: such rows used to be kept for the full retention.
+  if (!p->key_sent) o.retention = std::chrono::milliseconds(0);
+  const std::string shown_key = p->key_sent ? p->id.key : std::string();
+  http_response res;
   try {
-    const response r = run();
-    http_response res{static_cast<http::status>(r.status), 11};
+    const response r = p->run(p->id, p->req, o);
+    res = http_response{static_cast<http::status>(r.status), 11};
     for (const auto& [name, value] : r.headers) res.insert(name, value);
     res.body() = r.body;
     if (r.replayed) res.set("Idempotent-Replayed", "true");
-    if (echo_key) {
-      res.set(options_.key_header, id.key);
+    if (p->key_sent) {
+      res.set(options_.key_header, p->id.key);
       res.set("Idempotency-Key-Retention", retention_seconds());
     }
     res.prepare_payload();
-    return res;
   } catch (const error& e) {
-    return error_response(e.info(), shown_key);
+    if (e.info().code == codes::in_progress && wait_again(p, e.info().retry_after)) return;
+    log_internal(e.info(), "scope=" + p->id.scope + " key=" + p->id.key);
+    res = error_response(e.info(), shown_key);
   } catch (...) {
-    return error_response(classify(std::current_exception(), manager_.settings().unclassified),
-                          shown_key);
+    const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
+    log_internal(info, "scope=" + p->id.scope + " key=" + p->id.key);
+    res = error_response(info, shown_key);
   }
+  finish(*p, std::move(res));
+}
+
+// The key is held by another attempt: try again after a short poll (never
+// later than the caller's wait allows), from the pool's timer. False when
+// the wait is over (or the pool is draining): the caller answers 409.
+bool middleware::wait_again(const std::shared_ptr<pending>& p,
+                            std::optional<std::chrono::milliseconds> retry_after) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= p->wait_until) return false;
+  auto delay = std::min(p->poll, std::chrono::ceil<std::chrono::milliseconds>(p->wait_until - now));
+  if (retry_after && *retry_after > std::chrono::milliseconds(0))
+    delay = std::min(delay, *retry_after);
+  p->poll = std::min(p->poll * 2, std::chrono::milliseconds(200));
+  return pool_.submit_after(
+      delay, [this, p] { try_once(p); },
+      [this, p] {
+        finish(*p,
+               error_response(error_info{503, "overloaded", "too many requests queued; retry later",
+                                         true, false, std::chrono::milliseconds(1000)},
+                              p->key_sent ? p->id.key : std::string()));
+      });
+}
+
+void middleware::finish(const pending& p, http_response res) const {
+  if (options_.observe) {
+    options_.observe(p.req, res,
+                     std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::steady_clock::now() - p.started));
+  }
+  p.respond(std::move(res));
+}
+
+// Issue 7, defect 13: the detail clients must not see (hosts, SQL, what())
+// is still needed by whoever runs the service.
+void middleware::log_internal(const error_info& e, std::string_view about) const {
+  if (e.internal.empty()) return;
+  std::string line = "orpheus::beast: answered ";
+  line += std::to_string(e.http_status);
+  line += " " + e.code + " ";
+  line += about;
+  line += ": " + e.internal;
+  log(log_level::error, line);
 }
 
 std::string middleware::retention_seconds() const {
@@ -207,13 +339,16 @@ void middleware::submit(std::function<void()> job, const responder& respond) {
 void middleware::run_blocking(http_request&& req, const responder& respond,
                               std::function<http_response(const http_request&)> work) {
   auto job = [this, req = std::move(req), respond, work = std::move(work)] {
+    const std::string where = "target=" + std::string(sv(req.target()));
     try {
       respond(work(req));
     } catch (const error& e) {
+      log_internal(e.info(), where);
       respond(error_response(e.info(), {}));
     } catch (...) {
-      respond(
-          error_response(classify(std::current_exception(), manager_.settings().unclassified), {}));
+      const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
+      log_internal(info, where);
+      respond(error_response(info, {}));
     }
   };
   submit(std::move(job), respond);

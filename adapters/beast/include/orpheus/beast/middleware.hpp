@@ -15,27 +15,41 @@
 //  2. asks `scope` for the caller's identity (nullopt: 401), so one client can
 //     never replay or block another's key;
 //  3. fingerprints method, target, chosen headers and the body (JSON bodies
-//     canonicalised: key order and spacing do not matter; form bodies with
-//     their fields sorted);
+//     canonicalised: key order and spacing do not matter; a JSON body nested
+//     deeper than `max_json_depth` is 400 at once; form bodies with their
+//     fields ordered by name, repeated fields kept in the order sent);
 //  4. runs manager::process() on the bounded work_pool, never on the io
-//     thread; a full queue answers 503, retryable;
+//     thread; a full queue answers 503, retryable. A request without a key
+//     (where none is required) runs under a random key of its own, and its
+//     record is kept for no time (process_options::retention = 0). With
+//     `wait`, a request that finds its key held tries again on a timer
+//     until the wait is over, holding no pool thread in between;
 //  5. answers: the recorded response byte for byte (plus
 //     `Idempotent-Replayed: true` on a replay), or an RFC 9457
 //     application/problem+json error with a `retryable` member: 409 in
 //     progress, 422 key re-used with another payload, 503 (or the recorded
 //     5xx) for retryable failures, with Retry-After where useful. Every answer
 //     echoes the key and says how long it is kept
-//     (`Idempotency-Key-Retention: <seconds>`).
+//     (`Idempotency-Key-Retention: <seconds>`). An error's internal detail
+//     (error_info::internal: hosts, SQL, exception text) is logged through
+//     orpheus::log with its code, scope and key, never sent.
 //
-// Thread safety: handle() may be called from any thread. The manager and the
-// pool must outlive the middleware and every request in flight.
+// Thread safety: handle() may be called from any thread.
+//
+// Lifetime (issue 7: this used to say the reverse): the pool's jobs use the
+// middleware, the manager and the store, so the pool must be drained
+// (work_pool::drain()) before any of them is destroyed. A graceful
+// shutdown: server::stop_accepting(), work_pool::drain(), server::stop(),
+// then destroy the middleware, the manager and the store.
 #pragma once
 
 #include <boost/beast/http/verb.hpp>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -55,8 +69,12 @@ struct middleware_options {
   std::vector<std::string> fingerprint_headers;
   /// The caller's identity, from the authenticated request; nullopt: 401.
   std::function<std::optional<std::string>(const http_request&)> scope;
-  /// Wait for a concurrent attempt instead of answering 409 at once.
+  /// Wait up to wait.wait_for for a concurrent attempt instead of answering
+  /// 409 at once; the wait is a timer, not a pool thread.
   process_options wait;
+  /// JSON bodies nested deeper than this are refused with 400 before they
+  /// are parsed (parsing and printing them recurses on the io thread).
+  std::size_t max_json_depth = 64;
   /// Called once per answered request (for metrics and logs).
   std::function<void(const http_request&, const http_response&, std::chrono::microseconds)> observe;
 };
@@ -84,16 +102,34 @@ class middleware {
   /// The request id of `req`, or the error response to send instead.
   [[nodiscard]] std::variant<request_id, http_response> identify(const http_request& req) const;
 
-  /// The text the fingerprint is taken of (exposed for tests and docs).
+  /// The text the fingerprint is taken of (exposed for tests and docs). A
+  /// JSON body nested deeper than `max_json_depth` is taken as it is.
   [[nodiscard]] static std::string canonical_request(const http_request& req,
-                                                     const std::vector<std::string>& headers);
+                                                     const std::vector<std::string>& headers,
+                                                     std::size_t max_json_depth = 64);
 
   /// An error as the HTTP answer: problem+json, Retry-After, the key echoed.
   [[nodiscard]] http_response error_response(const error_info& e, const std::string& key) const;
 
  private:
-  http_response answer(const request_id& id, bool echo_key,
-                       const std::function<response()>& run) const;
+  // A request on its way through the pool: what each try needs, kept
+  // between tries while it waits for a held key.
+  struct pending {
+    request_id id;
+    bool key_sent = false;
+    http_request req;
+    responder respond;
+    std::chrono::steady_clock::time_point started;
+    std::chrono::steady_clock::time_point wait_until;
+    std::chrono::milliseconds poll{5};
+    std::function<response(const request_id&, const http_request&, const process_options&)> run;
+  };
+  void start(std::shared_ptr<pending> p);
+  void try_once(const std::shared_ptr<pending>& p);
+  bool wait_again(const std::shared_ptr<pending>& p,
+                  std::optional<std::chrono::milliseconds> retry_after);
+  void finish(const pending& p, http_response res) const;
+  void log_internal(const error_info& e, std::string_view about) const;
   std::string retention_seconds() const;
   void submit(std::function<void()> job, const responder& respond);
 
@@ -114,22 +150,19 @@ void middleware::handle(http_request&& req, const responder& respond, Pre pre, R
     }
     return respond(std::move(*early));
   }
-  const bool echo_key = req.find(options_.key_header) != req.end();
-  auto job = [this, started, echo_key, id = std::get<request_id>(std::move(who)),
-              req = std::move(req), respond, pre = std::move(pre), rpc = std::move(rpc),
-              post = std::move(post)]() {
-    http_response res = answer(id, echo_key, [&] {
-      return manager_.process(
-          id, [&](tx& t) { return pre(t, req); }, rpc, post, options_.wait);
-    });
-    if (options_.observe) {
-      options_.observe(req, res,
-                       std::chrono::duration_cast<std::chrono::microseconds>(
-                           std::chrono::steady_clock::now() - started));
-    }
-    respond(std::move(res));
+  auto p = std::make_shared<pending>();
+  p->id = std::get<request_id>(std::move(who));
+  p->key_sent = req.find(options_.key_header) != req.end();
+  p->req = std::move(req);
+  p->respond = respond;
+  p->started = started;
+  p->wait_until = started + options_.wait.wait_for;
+  p->run = [this, pre = std::move(pre), rpc = std::move(rpc), post = std::move(post)](
+               const request_id& id, const http_request& r, const process_options& o) {
+    return manager_.process(
+        id, [&](tx& t) { return pre(t, r); }, rpc, post, o);
   };
-  submit(std::move(job), respond);
+  start(std::move(p));
 }
 
 }  // namespace orpheus::beast
