@@ -1,17 +1,23 @@
 // A payments service in front of a bank, made idempotent with Orpheus.
 // See --help.
+#include <sys/random.h>
+
+#include <cerrno>
+#include <condition_variable>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
+#include <system_error>
+#include <thread>
 
 #include "../common/flags.hpp"
 #include "../common/stop_signals.hpp"
 #include "orpheus/beast/client.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/beast/server.hpp"
+#include "orpheus/log.hpp"
 #include "orpheus/payment/charge.hpp"
 #include "orpheus/store/mysql.hpp"
 #include "orpheus/store/sqlite.hpp"
@@ -32,8 +38,21 @@ Usage: payments_server --bank URL [flags]
                         instead of answering 409 at once (default 0)
   --workers N           threads for database and bank work (default 8)
   --queue N             requests queued for them before 503 (default 256)
+  --max-connections N   connections served at once; more wait in the listen
+                        backlog (default 1024; keep it under `ulimit -n`)
+  --idle-timeout-ms N   close a keep-alive connection idle this long (60000)
+  --header-timeout-ms N close a connection whose request header takes longer
+                        (default 10000)
+  --retry-window-ms N   a key unfinished after this long fails for good
+                        (default 86400000)
+  --retention-ms N      how long finished keys are kept and replayed
+                        (default 604800000; not shorter than the retry window)
+  --purge-interval-ms N purge expired records this often (default 60000)
+  --purge-batch N       records deleted per statement when purging (1000)
 
-Prints "listening on PORT" once ready; SIGTERM or SIGINT stops it cleanly.
+Prints "listening on PORT" once ready; SIGTERM or SIGINT stops it cleanly:
+no new connections, the payments in flight finish and are answered, then it
+exits 0.
 
 API (the caller is identified by the X-Client-Id header)
   POST /v1/payments     Idempotency-Key required; body JSON {"amount": 1250,
@@ -71,6 +90,10 @@ class metrics {
     std::lock_guard lock(m_);
     ++takeovers_;
   }
+  void purged(std::size_t n) {
+    std::lock_guard lock(m_);
+    purged_ += static_cast<long>(n);
+  }
   std::string text() {
     std::lock_guard lock(m_);
     std::ostringstream o;
@@ -83,6 +106,11 @@ class metrics {
          "# TYPE payments_lease_takeovers_total counter\n"
          "payments_lease_takeovers_total "
       << takeovers_
+      << "\n"
+         "# HELP payments_records_purged_total Expired idempotency records deleted.\n"
+         "# TYPE payments_records_purged_total counter\n"
+         "payments_records_purged_total "
+      << purged_
       << "\n"
          "# HELP payments_request_duration_seconds Time to answer a request.\n"
          "# TYPE payments_request_duration_seconds histogram\n";
@@ -101,7 +129,7 @@ class metrics {
   std::map<std::string, long> requests_;
   const std::vector<double> bounds_{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
   std::vector<long> buckets_ = std::vector<long>(8);
-  long count_ = 0, takeovers_ = 0;
+  long count_ = 0, takeovers_ = 0, purged_ = 0;
   double sum_ = 0;
 };
 
@@ -156,7 +184,11 @@ payment parse_payment(const http_request& req) {
       body = amp == std::string_view::npos ? std::string_view{} : body.substr(amp + 1);
       const auto eq = field.find('=');
       if (eq == std::string_view::npos) bad_request("form field without '='");
-      j[url_decode(field.substr(0, eq))] = url_decode(field.substr(eq + 1));
+      const std::string name = url_decode(field.substr(0, eq));
+      // Issue 7, defect 2: "amount=100&...&amount=5" has no one meaning; the
+      // last value used to win silently. Refused before anything is recorded.
+      if (j.contains(name)) bad_request("form field '" + name + "' appears more than once");
+      j[name] = url_decode(field.substr(eq + 1));
     }
     if (j.contains("amount") && j["amount"].is_string()) {
       const std::string a = j["amount"];
@@ -190,11 +222,26 @@ payment parse_payment(const http_request& req) {
   return p;
 }
 
+// Payment ids from the kernel's random source (not a per-thread mt19937
+// seeded once, which repeats its sequence in a forked child).
 std::string random_hex(std::size_t n) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::vector<unsigned char> bytes((n + 1) / 2);
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const auto r = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "getrandom");
+    }
+    got += static_cast<std::size_t>(r);
+  }
   static constexpr char d[] = "0123456789abcdef";
   std::string out;
-  for (std::size_t i = 0; i < n; ++i) out += d[rng() & 0xF];
+  for (const unsigned char b : bytes) {
+    out += d[b >> 4];
+    out += d[b & 0xF];
+  }
+  out.resize(n);
   return out;
 }
 
@@ -230,13 +277,16 @@ class bank_gateway final : public orpheus::payment::gateway {
     try {
       res = orpheus::beast::send(bank_, std::move(req), timeout);
     } catch (const orpheus::beast::transport_error& e) {
+      // The detail reaches the client's answer: a fixed text, never what()
+      // with the bank's host and port (issue 7, defect 13). what() is logged.
+      orpheus::log(orpheus::log_level::warning, std::string("payments_server: bank: ") + e.what());
       switch (e.error_kind()) {
         case orpheus::beast::transport_error::kind::connect:
-          return {gateway_status::connect_failed, "", e.what()};
+          return {gateway_status::connect_failed, "", "no connection to the bank"};
         case orpheus::beast::transport_error::kind::timeout:
-          return {gateway_status::timeout, "", e.what()};
+          return {gateway_status::timeout, "", "the bank did not answer in time"};
         case orpheus::beast::transport_error::kind::closed:
-          return {gateway_status::reset, "", e.what()};
+          return {gateway_status::reset, "", "the connection to the bank broke"};
       }
     }
     const unsigned status = res.result_int();
@@ -273,6 +323,60 @@ std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& specs
   return std::make_unique<orpheus::mysql_store>(o);
 }
 
+// Deletes expired idempotency records every `every`, a bounded batch per
+// statement and a bounded number of batches per round, so that the records
+// table does not grow without limit (issue 7, defect 12). stop() wakes it and
+// joins; a purge in progress finishes its batch first.
+class purger {
+ public:
+  purger(orpheus::manager& m, metrics& stats, std::chrono::milliseconds every, std::size_t batch)
+      : manager_(m), stats_(stats), every_(every), batch_(batch), thread_([this] { run(); }) {}
+  purger(const purger&) = delete;
+  purger& operator=(const purger&) = delete;
+  ~purger() { stop(); }
+
+  void stop() {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(m_);
+    while (!wake_.wait_for(lock, every_, [&] { return stopping_; })) {
+      lock.unlock();
+      try {
+        // At most 100 batches a round: a backlog is worked off over several
+        // rounds instead of holding the database busy in one go.
+        for (int i = 0; i < 100; ++i) {
+          const std::size_t n = manager_.purge_expired(batch_);
+          stats_.purged(n);
+          if (n < batch_) break;
+          std::lock_guard check(m_);
+          if (stopping_) break;
+        }
+      } catch (const std::exception& e) {
+        orpheus::log(orpheus::log_level::warning,
+                     std::string("payments_server: purge failed, retried next round: ") + e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  orpheus::manager& manager_;
+  metrics& stats_;
+  std::chrono::milliseconds every_;
+  std::size_t batch_;
+  std::mutex m_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,10 +390,21 @@ int main(int argc, char** argv) {
   const auto wait = std::chrono::milliseconds(f.num("wait-ms", 0));
   const long workers = f.num("workers", 8);
   const long queue = f.num("queue", 256);
+  const long max_connections = f.num("max-connections", 1024);
+  const long idle_timeout = f.num("idle-timeout-ms", 60000);
+  const long header_timeout = f.num("header-timeout-ms", 10000);
+  cfg.retry_window = std::chrono::milliseconds(f.num("retry-window-ms", 24L * 3600 * 1000));
+  cfg.retention = std::chrono::milliseconds(f.num("retention-ms", 7L * 24 * 3600 * 1000));
+  const long purge_interval = f.num("purge-interval-ms", 60000);
+  const long purge_batch = f.num("purge-batch", 1000);
   f.done();
   if (bank_url.empty()) f.fail("--bank is required");
   if (port < 0 || port > 65535 || workers < 1 || queue < 1)
     f.fail("--port, --workers or --queue out of range");
+  if (max_connections < 1 || idle_timeout < 1 || header_timeout < 1)
+    f.fail("--max-connections, --idle-timeout-ms and --header-timeout-ms must be positive");
+  if (purge_interval < 1 || purge_batch < 1)
+    f.fail("--purge-interval-ms and --purge-batch must be positive");
 
   try {
     bank_gateway bank(orpheus::beast::parse_http_url(bank_url));
@@ -320,6 +435,12 @@ int main(int argc, char** argv) {
     mw_options.observe = [&](const http_request& req, const http_response& res,
                              std::chrono::microseconds took) { stats.observe(req, res, took); };
     orpheus::beast::middleware mw(manager, pool, std::move(mw_options));
+    // Declared after the middleware, so destroyed before it on any way out
+    // (an exception too): no job outlives what it uses.
+    const struct pool_drainer {
+      orpheus::beast::work_pool& pool;
+      ~pool_drainer() { pool.drain(); }
+    } pool_drained{pool};
 
     auto on_request = [&](http_request&& req, orpheus::beast::responder respond) {
       const std::string target(req.target());
@@ -396,12 +517,27 @@ int main(int argc, char** argv) {
     orpheus::beast::server_options server_options;
     server_options.port = static_cast<unsigned short>(port);
     server_options.io_threads = 2;
+    server_options.max_connections = static_cast<std::size_t>(max_connections);
+    server_options.idle_timeout = std::chrono::milliseconds(idle_timeout);
+    server_options.header_timeout = std::chrono::milliseconds(header_timeout);
     orpheus::beast::server server(server_options, on_request);
+    purger purge(manager, stats, std::chrono::milliseconds(purge_interval),
+                 static_cast<std::size_t>(purge_batch));
     server.start();
     std::cout << "listening on " << server.port() << std::endl;
     stop.wait();
     std::cerr << "payments_server: stopping\n";
-    server.stop();  // no new requests; the pool finishes the ones in flight
+    // Issue 7, defect 7: the pool's jobs use the middleware, the manager, the
+    // store and the server's connections. It used to be drained by its
+    // destructor, after the middleware was gone. Now, in order: no new
+    // connections; the payments in flight finish and are answered; then the
+    // connections close; then the purger stops; only then do the objects the
+    // jobs used go (in reverse order of declaration, as `pool_drained` runs
+    // on every way out of this block).
+    server.stop_accepting();
+    pool.drain();
+    server.stop();
+    purge.stop();
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "payments_server: " << e.what() << "\n";
