@@ -1,14 +1,25 @@
 // The Beast middleware without a network: key parsing, fingerprints, scope,
 // and the bounded queue. Runs on a real SQLite file.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <future>
 #include <latch>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
 
 #include "orpheus/beast/client.hpp"
 #include "orpheus/beast/middleware.hpp"
+#include "orpheus/log.hpp"
 #include "support/backends.hpp"
 
 namespace orpheus::beast {
@@ -142,6 +153,202 @@ TEST_F(Middleware, RecordOfKeepsStatusHeadersAndBody) {
   EXPECT_EQ(r.headers[1].second, "b=2");
 }
 
+// Issue 7, defect 2: sorting whole "name=value" fields made these two
+// payloads one fingerprint, so the second was answered with the first's
+// replay. Fields are ordered by name only; repeated names keep their order.
+TEST_F(Middleware, RepeatedFormFieldsKeepTheirOrderInTheFingerprint) {
+  const auto form = "application/x-www-form-urlencoded";
+  const auto first = post("k", "amount=100&currency=EUR&customer=c&amount=5", form);
+  const auto second = post("k", "amount=5&currency=EUR&customer=c&amount=100", form);
+  EXPECT_NE(middleware::canonical_request(first, {}), middleware::canonical_request(second, {}));
+  EXPECT_EQ(middleware::canonical_request(first, {}),
+            middleware::canonical_request(
+                post("k", "customer=c&amount=100&currency=EUR&amount=5", form), {}));
+
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  auto mw = make(pool);
+  int rpc = 0;
+  EXPECT_EQ(call(mw, first, &rpc).result_int(), 201U);
+  const auto other = call(mw, second, &rpc);
+  EXPECT_EQ(other.result_int(), 422U) << other.body();
+  EXPECT_TRUE(other["Idempotent-Replayed"].empty());
+  EXPECT_EQ(nlohmann::json::parse(other.body())["code"], "fingerprint_mismatch");
+  EXPECT_EQ(rpc, 1);
+}
+
+// Issue 7, defect 12: a request without a key (where none is required) runs
+// under a key nobody can send again; its record must not be kept for days.
+TEST_F(Middleware, UnkeyedRequestsAreRecordedForNoTime) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  auto mw = make(pool);
+  auto req = post("", "{}");
+  req.method(http::verb::put);  // a key is not required on PUT
+  int rpc = 0;
+  ASSERT_EQ(call(mw, std::move(req), &rpc).result_int(), 201U);
+  std::size_t purged = 0;
+  for (int i = 0; i < 100 && purged == 0; ++i) {  // the clock must tick past "now"
+    purged = m_->purge_expired(100);
+    if (purged == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(purged, 1U) << "the unkeyed request's record is kept past its use";
+}
+
+// Issue 7, defect 14(b): made-up keys are 128 bits from the OS, not a
+// thread_local mt19937_64 seeded once (predictable, and repeated after fork).
+TEST_F(Middleware, UnkeyedRequestsGetA128BitRandomKey) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  auto mw = make(pool);
+  std::set<std::string> keys;
+  for (int i = 0; i < 4; ++i) {
+    auto req = post("", "{}");
+    req.method(http::verb::put);
+    std::promise<std::string> key;
+    mw.handle(
+        std::move(req), [](http_response) {}, [](tx&, const http_request&) { return 0; },
+        [&](const attempt& a, int) {
+          key.set_value(a.id().key);
+          return 0;
+        },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{204, {}, ""};
+        });
+    const std::string k = key.get_future().get();
+    EXPECT_TRUE(std::regex_match(k, std::regex("orpheus-unkeyed-[0-9a-f]{32}"))) << k;
+    keys.insert(k);
+  }
+  EXPECT_EQ(keys.size(), 4U);
+}
+
+// Issue 7, defect 13: an unclassified exception's text (a host, SQL) is
+// logged with the code, scope and key, and never sent.
+TEST_F(Middleware, InternalDetailIsLoggedNeverSent) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  auto mw = make(pool);
+  std::mutex m;
+  std::vector<std::string> lines;
+  set_log_sink([&](log_level, std::string_view line) {
+    std::lock_guard lock(m);
+    lines.emplace_back(line);
+  });
+  std::promise<http_response> answer;
+  mw.handle(
+      post("leaky-key", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
+      [](tx&, const http_request&) -> int {
+        throw std::runtime_error("connect to secret-host:3306 failed: SELECT * FROM cards");
+      },
+      [](const attempt&, int) { return 0; },
+      [](tx&, const attempt&, const outcome<int>&) {
+        return response{204, {}, ""};
+      });
+  const auto res = answer.get_future().get();
+  std::promise<http_response> blocking;
+  auto get = post("", "");
+  get.method(http::verb::get);
+  mw.run_blocking(
+      std::move(get), [&](http_response r) { blocking.set_value(std::move(r)); },
+      [](const http_request&) -> http_response {
+        throw std::runtime_error("secret-host:3306 went away");
+      });
+  const auto res2 = blocking.get_future().get();
+  set_log_sink({});
+  EXPECT_GE(res.result_int(), 500U);
+  EXPECT_EQ(res.body().find("secret-host"), std::string::npos) << res.body();
+  EXPECT_EQ(res.body().find("SELECT"), std::string::npos) << res.body();
+  EXPECT_EQ(res2.body().find("secret-host"), std::string::npos) << res2.body();
+  std::lock_guard lock(m);
+  bool logged = false;
+  bool logged_blocking = false;
+  for (const auto& l : lines) {
+    logged =
+        logged || (l.find("secret-host:3306 failed") != std::string::npos &&
+                   l.find("leaky-key") != std::string::npos && l.find("c1") != std::string::npos);
+    logged_blocking = logged_blocking || l.find("secret-host:3306 went away") != std::string::npos;
+  }
+  EXPECT_TRUE(logged) << "the internal detail, code, scope and key are not logged";
+  EXPECT_TRUE(logged_blocking);
+}
+
+// Issue 7, defect 14(a): the fingerprint parsed JSON on the io thread with
+// no bound on nesting; 100000 '[' overflowed the stack.
+TEST_F(Middleware, DeeplyNestedJsonIs400BeforeAnyDatabaseWork) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  auto mw = make(pool);
+  int rpc = 0;
+  const auto res = call(mw, post("deep", std::string(100000, '[')), &rpc);
+  EXPECT_EQ(res.result_int(), 400U);
+  EXPECT_EQ(nlohmann::json::parse(res.body())["retryable"], false);
+  EXPECT_EQ(rpc, 0);
+  std::string ok_depth = std::string(64, '[') + std::string(64, ']');
+  EXPECT_EQ(call(mw, post("deep-ok", ok_depth), &rpc).result_int(), 201U);
+}
+
+// Issue 7, defect 14(c): waiting for a held key (middleware_options::wait)
+// slept on a work-pool thread; with one thread, two waiters starved every
+// other request until the holder finished.
+TEST_F(Middleware, WaitersDoNotHoldPoolThreads) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 16);
+  middleware_options o;
+  o.scope = [](const http_request& r) -> std::optional<std::string> {
+    return std::string(r["X-Client-Id"]);
+  };
+  o.wait.wait_for = std::chrono::seconds(60);
+  middleware mw(*m_, pool, std::move(o));
+
+  // The holder runs outside the pool, and blocks in its RPC.
+  const auto body = std::string("{}");
+  std::latch in_rpc(1);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::thread holder([&] {
+    const request_id id{"c1", "held",
+                        fingerprint_of(middleware::canonical_request(post("held", body), {}))};
+    m_->process(
+        id, [](tx&) { return 0; },
+        [&](const attempt&, int) {
+          in_rpc.count_down();
+          released.wait();
+          return 0;
+        },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {{"Content-Type", "text/plain"}}, "held done"};
+        });
+  });
+  in_rpc.wait();
+  std::promise<http_response> w1, w2, other;
+  auto handle = [&](http_request req, std::promise<http_response>& p) {
+    mw.handle(
+        std::move(req), [&p](http_response r) { p.set_value(std::move(r)); },
+        [](tx&, const http_request&) { return 0; }, [](const attempt&, int) { return 0; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {{"Content-Type", "text/plain"}}, "other done"};
+        });
+  };
+  handle(post("held", body), w1);
+  handle(post("held", body), w2);
+  handle(post("unrelated", body), other);
+  auto f = other.get_future();
+  const bool served =
+      f.wait_for(std::chrono::seconds(20)) == std::future_status::ready;  // hang guard
+  release.set_value();
+  holder.join();
+  EXPECT_TRUE(served) << "two waiters starved an unrelated request";
+  if (served) {
+    EXPECT_EQ(f.get().body(), "other done");
+  }
+  for (auto* w : {&w1, &w2}) {
+    const auto r = w->get_future().get();
+    EXPECT_EQ(r.result_int(), 201U);
+    EXPECT_EQ(r.body(), "held done");
+    EXPECT_EQ(r["Idempotent-Replayed"], "true");
+  }
+}
+
 }  // namespace
 }  // namespace orpheus::beast
 
@@ -179,6 +386,154 @@ TEST(Server, OnlyTheFirstAnswerIsWritten) {
     EXPECT_EQ(r.result_int(), 201U);
     EXPECT_EQ(r.body(), "first");
   }
+}
+
+// A raw client socket on loopback, for what well-behaved clients never do.
+class raw_connection {
+ public:
+  explicit raw_connection(unsigned short port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    timeval tv{20, 0};  // hang guard only
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  raw_connection(const raw_connection&) = delete;
+  raw_connection& operator=(const raw_connection&) = delete;
+  ~raw_connection() { ::close(fd_); }
+
+  [[nodiscard]] bool connected() const { return connected_; }
+  bool write(const std::string& bytes) {
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  // Reads until `until` has been seen; empty on EOF, error or the guard.
+  std::string read_until(const std::string& until) {
+    std::string out;
+    char buf[1024];
+    while (out.find(until) == std::string::npos) {
+      const auto n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return {};
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    return out;
+  }
+  // Everything until the server closes (or the guard).
+  std::string read_all() {
+    std::string out;
+    char buf[1024];
+    for (ssize_t n; (n = ::recv(fd_, buf, sizeof buf, 0)) > 0;) {
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    return out;
+  }
+  // True when the server closes the connection (EOF or reset) before the
+  // 20 s guard; bytes that arrive first are skipped.
+  bool closed_by_server() {
+    char buf[1024];
+    for (;;) {
+      const auto n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+    }
+  }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+const std::string healthz = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+
+// Issue 7, defect 1: connections are capped; at the cap the server accepts
+// no more until one closes, and then serves the waiting one.
+TEST(Server, ServesAtMostMaxConnectionsAndResumesWhenOneCloses) {
+  server_options o;
+  o.max_connections = 2;
+  server s(o, [](http_request&&, responder respond) { respond(make_response(200, "ok")); });
+  s.start();
+  auto first = std::make_unique<raw_connection>(s.port());
+  raw_connection second(s.port());
+  ASSERT_TRUE(first->write(healthz));
+  ASSERT_NE(first->read_until("ok"), "");  // accepted and kept alive
+  ASSERT_TRUE(second.write(healthz));
+  ASSERT_NE(second.read_until("ok"), "");
+  EXPECT_EQ(s.connections(), 2U);
+  auto third = std::async(std::launch::async, [port = s.port()] {
+    return send({"127.0.0.1", port}, http_request{http::verb::get, "/third", 11},
+                std::chrono::seconds(20));
+  });
+  // Not served while two are open (a wrong server answers within this
+  // window; a right one is never early, so this cannot flake).
+  EXPECT_EQ(third.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout);
+  first.reset();
+  EXPECT_EQ(third.get().result_int(), 200U);
+}
+
+// Issue 7, defect 1: an idle keep-alive connection, a connection that never
+// sends, and a header sent a byte at a time are all closed by the server.
+TEST(Server, ClosesIdleAndSlowHeaderConnections) {
+  server_options o;
+  o.idle_timeout = std::chrono::milliseconds(200);
+  o.header_timeout = std::chrono::milliseconds(300);
+  server s(o, [](http_request&&, responder respond) { respond(make_response(200, "ok")); });
+  s.start();
+
+  raw_connection idle(s.port());
+  ASSERT_TRUE(idle.write(healthz));
+  ASSERT_NE(idle.read_until("ok"), "");
+  EXPECT_TRUE(idle.closed_by_server()) << "an idle keep-alive connection stays open";
+
+  raw_connection silent(s.port());
+  ASSERT_TRUE(silent.connected());
+  EXPECT_TRUE(silent.closed_by_server()) << "a connection that never sends stays open";
+
+  raw_connection slow(s.port());
+  ASSERT_TRUE(slow.write("GET /healthz HTTP/1.1\r\n"));
+  bool cut_off = false;
+  for (int i = 0; i < 400 && !cut_off; ++i) {  // 20 s hang guard
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    cut_off = !slow.write("X-Drip: 1\r\n");
+  }
+  EXPECT_TRUE(cut_off || slow.closed_by_server()) << "a slow header keeps its connection";
+
+  // Others are unaffected.
+  EXPECT_EQ(send({"127.0.0.1", s.port()}, http_request{http::verb::get, "/", 11},
+                 std::chrono::seconds(20))
+                .result_int(),
+            200U);
+}
+
+// Issue 7, defect 13: a malformed request is refused with a fixed text, not
+// the parser's message.
+TEST(Server, MalformedRequestsGetAFixedText) {
+  server s({}, [](http_request&&, responder respond) { respond(make_response(200, "ok")); });
+  s.start();
+  raw_connection c(s.port());
+  ASSERT_TRUE(c.write("NOT HTTP AT ALL\r\n\r\n"));
+  const auto answer = c.read_all();  // the connection is closed after it
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0U) << answer;
+  EXPECT_NE(answer.find("malformed request"), std::string::npos) << answer;
+}
+
+// work_pool::submit_after: delayed jobs run on the pool, and drain() runs
+// the ones still waiting instead of dropping them.
+TEST(WorkPool, DelayedJobsRunAndDrainRunsTheRest) {
+  work_pool pool(1, 4);
+  std::promise<void> ran;
+  ASSERT_TRUE(pool.submit_after(
+      std::chrono::milliseconds(10), [&] { ran.set_value(); }, [] {}));
+  EXPECT_EQ(ran.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  std::atomic<int> late{0};
+  ASSERT_TRUE(pool.submit_after(
+      std::chrono::hours(1), [&] { ++late; }, [] {}));
+  pool.drain();
+  EXPECT_EQ(late, 1);
+  EXPECT_FALSE(pool.try_submit([] {}));
+  EXPECT_FALSE(pool.submit_after(
+      std::chrono::milliseconds(1), [] {}, [] {}));
 }
 
 }  // namespace
