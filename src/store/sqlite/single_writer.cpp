@@ -5,11 +5,6 @@
 namespace orpheus::sqlite_detail {
 namespace {
 
-// A batch older than this is committed by the next member that ends, even
-// when others wait: the first member's latency stays bounded under steady
-// load. Long next to an fsync (0.1-2 ms), short next to a request.
-constexpr std::chrono::microseconds max_batch_age{2000};
-
 // How many failed batches are remembered for members that still wait.
 constexpr std::size_t failures_kept = 64;
 
@@ -18,7 +13,7 @@ constexpr std::size_t failures_kept = 64;
 single_writer::single_writer(const sqlite_options& o)
     : busy_timeout_(o.busy_timeout),
       max_batch_(o.max_batch),
-      max_batch_age_(max_batch_age),
+      max_batch_age_(o.max_batch_age),
       conn_(std::make_unique<connection>(o)) {}
 
 std::uint64_t single_writer::take_turn(std::unique_lock<std::mutex>& lock) {

@@ -244,6 +244,7 @@ sqlite_store::sqlite_store(sqlite_options options) : impl_(std::make_unique<impl
   if (options.max_connections == 0) throw config_error("sqlite_store: max_connections is 0");
   if (options.busy_timeout.count() < 0) throw config_error("sqlite_store: negative busy_timeout");
   if (options.max_batch == 0) throw config_error("sqlite_store: max_batch is 0");
+  if (options.max_batch_age.count() < 0) throw config_error("sqlite_store: negative max_batch_age");
   impl_->options = std::move(options);
   // Open the file now: fail at start-up, not on first use.
   impl_->writer = std::make_unique<single_writer>(impl_->options);
