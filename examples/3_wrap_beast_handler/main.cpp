@@ -66,6 +66,10 @@ int main() {
               << res.body() << "\n";
   }
   std::cout << "gateway charges: " << gateway_charges << "\n";
+  // The pool's jobs use the middleware: drain it before `mw` goes out of
+  // scope (declared after the pool, it is destroyed first).
+  server.stop_accepting();
+  pool.drain();
   server.stop();
   return gateway_charges == 1 ? 0 : 1;
 }

@@ -157,6 +157,10 @@ int main(int argc, char** argv) {
   s.start();
   std::cout << "listening on " << s.port() << std::endl;
   stop.wait();
+  // Graceful: no new connections, the charges in flight finish and are
+  // answered, then the connections close.
+  s.stop_accepting();
+  pool.drain();
   s.stop();
   return 0;
 }
