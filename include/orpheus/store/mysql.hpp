@@ -101,7 +101,6 @@ class mysql_store final : public store {
   struct impl;
 
  private:
-  std::optional<record> select(const request_id& id, bool full);
   std::unique_ptr<impl> impl_;
 };
 
