@@ -74,7 +74,10 @@ class store_tx : public tx {
   virtual bool insert(const request_id& id, std::string_view owner, const lease_terms& terms) = 0;
   /// Reads the record and locks it until the transaction ends.
   virtual std::optional<record> lock(const request_id& id) = 0;
-  /// Stores the Pre-RPC result; fenced by the owner token.
+  /// Stores the Pre-RPC result; fenced by the owner token. A backend may send
+  /// it with the commit() that follows (MySQL on MariaDB: one round trip
+  /// fewer); it then returns true, and a failed fence makes that commit()
+  /// throw a non-retryable storage_error without committing anything.
   virtual bool save_pre_state(const request_id& id, std::string_view owner,
                               std::string_view json) = 0;
   /// Under lock(): gives the lease to `new_owner` and sets the attempt count.

@@ -76,8 +76,13 @@ class connection {
     st->execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
     // Whether a lock wait timeout rolls back the whole transaction (then it
     // must poison it, like a deadlock) or just the statement (the default).
-    std::unique_ptr<sql::ResultSet> rs(st->executeQuery("SELECT @@innodb_rollback_on_timeout"));
-    rollback_on_timeout_ = rs->next() && rs->getInt(1) != 0;
+    // The same round trip asks whether the server is MariaDB: its compound
+    // statements let commit() store the Pre-RPC result too (see mysql_tx).
+    std::unique_ptr<sql::ResultSet> rs(
+        st->executeQuery("SELECT @@innodb_rollback_on_timeout, VERSION() LIKE '%MariaDB%'"));
+    const bool got = rs->next();
+    rollback_on_timeout_ = got && rs->getInt(1) != 0;
+    mariadb_ = got && rs->getInt(2) != 0;
     rs.reset();
     conn_->setAutoCommit(autocommit);
     last_used_ = steady::now();
@@ -89,6 +94,8 @@ class connection {
   steady::time_point last_used() const { return last_used_; }
   void touch() { last_used_ = steady::now(); }
   bool rollback_on_timeout() const { return rollback_on_timeout_; }
+  /// The server runs BEGIN NOT ATOMIC ... END (MariaDB 10.1 and later).
+  bool compound_statements() const { return mariadb_; }
 
   /// Runs a statement without parameters or results (COMMIT, ROLLBACK).
   /// Never use sql::Connection::commit()/rollback(): connector 1.1.12 returns
@@ -128,6 +135,7 @@ class connection {
   std::uint64_t generation_;
   steady::time_point last_used_;
   bool rollback_on_timeout_ = false;
+  bool mariadb_ = false;
 };
 
 /// A bounded pool for one shard and one autocommit mode.
@@ -483,6 +491,7 @@ class mysql_tx final : public store_tx {
   template <class F>
   auto run(std::string_view what, F&& f) {
     if (!poisoned_.empty()) throw refusal();
+    if (pending_pre_state_) flush_pre_state();
     try {
       return conn_.guarded(what, std::forward<F>(f));
     } catch (const storage_error& e) {
@@ -536,11 +545,21 @@ class mysql_tx final : public store_tx {
     return detail::record_from_row(rows.front(), true);
   }
 
+  // On MariaDB the Pre-RPC result travels with the COMMIT that follows it:
+  // one round trip instead of two for every new key (the manager commits
+  // right after saving). It is still fenced, before the COMMIT and in the same
+  // statement: if the row is not this owner's in-progress lease the block
+  // signals and stops, nothing commits, and commit() throws what a false
+  // return would have caused. Any other statement first sends it on its own,
+  // so statements keep their order; a rollback drops it.
   bool save_pre_state(const request_id& id, std::string_view owner,
                       std::string_view json) override {
-    return execute("UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
-                   " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
-                   json, id.scope, id.key, owner) == 1;
+    if (!poisoned_.empty()) throw refusal();
+    if (conn_->compound_statements()) {
+      pending_pre_state_ = {std::string(json), id.scope, id.key, std::string(owner)};
+      return true;
+    }
+    return store_pre_state(id.scope, id.key, owner, json);
   }
 
   void take_lease(const request_id& id, std::string_view owner, int attempts,
@@ -577,18 +596,38 @@ class mysql_tx final : public store_tx {
       throw refusal();
     }
     done_ = true;
+    std::optional<pending_pre_state> pre = std::move(pending_pre_state_);
+    pending_pre_state_.reset();
     try {
       conn_.guarded(
-          "commit", [](connection& c) { c.exec("COMMIT"); }, /*in_commit=*/true);
-    } catch (...) {
+          "commit",
+          [&](connection& c) {
+            if (!pre) {
+              c.exec("COMMIT");
+              return;
+            }
+            // Fails, like COMMIT, in doubt when the connection dies in it.
+            auto& ps = c.prepare(save_pre_state_and_commit);
+            const sql_value p[] = {pre->json, pre->scope, pre->key, pre->owner};
+            bind(ps, std::span<const sql_value>(p));
+            ps.execute();
+          },
+          /*in_commit=*/true);
+    } catch (const storage_error&) {
       // Whatever the error, the session may still be inside the transaction:
       // never lend this connection to another request.
+      conn_.mark_broken();
+      // The fence stopped the block before its COMMIT: nothing committed.
+      if (pre && conn_.last_error_code() == signal_exception) throw lease_row_vanished();
+      throw;
+    } catch (...) {
       conn_.mark_broken();
       throw;
     }
   }
 
   void rollback() noexcept override {
+    pending_pre_state_.reset();
     if (done_) return;
     done_ = true;
     if (conn_.broken()) return;  // discarded anyway; the server rolls it back
@@ -600,9 +639,45 @@ class mysql_tx final : public store_tx {
   }
 
  private:
+  struct pending_pre_state {
+    std::string json, scope, key, owner;
+  };
+
+  /// ER_SIGNAL_EXCEPTION: raised by the fence in save_pre_state_and_commit.
+  static constexpr int signal_exception = 1644;
+  static constexpr const char* save_pre_state_and_commit =
+      "BEGIN NOT ATOMIC "
+      "UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
+      " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1; "
+      "IF ROW_COUNT() <> 1 THEN "
+      "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'orpheus: lease row not held'; "
+      "END IF; "
+      "COMMIT; "
+      "END";
+
+  static storage_error lease_row_vanished() {
+    return storage_error::permanent("lease row vanished inside its own transaction");
+  }
+
+  bool store_pre_state(std::string_view scope, std::string_view key, std::string_view owner,
+                       std::string_view json) {
+    return execute("UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
+                   " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
+                   json, scope, key, owner) == 1;
+  }
+
+  /// Sends a deferred save_pre_state() before another statement. Its true was
+  /// already returned: a failed fence throws what the caller would have.
+  void flush_pre_state() {
+    const pending_pre_state pre = std::move(*pending_pre_state_);
+    pending_pre_state_.reset();
+    if (!store_pre_state(pre.scope, pre.key, pre.owner, pre.json)) throw lease_row_vanished();
+  }
+
   borrowed conn_;
   std::size_t shard_;
   bool done_ = false;
+  std::optional<pending_pre_state> pending_pre_state_;
   std::string poisoned_;  ///< the error that ended the transaction, if any
 };
 
