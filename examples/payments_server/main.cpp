@@ -291,16 +291,24 @@ class bank_gateway final : public orpheus::payment::gateway {
     }
     const unsigned status = res.result_int();
     const auto body = nlohmann::json::parse(res.body(), nullptr, false);
+    // A member that is missing or not a string reads as "": a bank answer
+    // of another shape must not throw out of the gateway (issue 7.14).
+    auto text = [&](const char* name) -> std::string {
+      if (!body.is_object()) return "";
+      const auto it = body.find(name);
+      return it != body.end() && it->is_string() ? it->get<std::string>() : "";
+    };
     const std::string detail = "bank answered " + std::to_string(status);
     if (status == 404) return {gateway_status::not_found, "", detail};
-    if (!body.is_discarded() && body.value("status", "") == "charged") {
-      return {gateway_status::charged, body.value("charge_id", ""), detail};
-    }
-    if (status == 402 || (!body.is_discarded() && body.value("status", "") == "declined")) {
+    if (text("status") == "charged") return {gateway_status::charged, text("charge_id"), detail};
+    if (status == 402 || text("status") == "declined") {
       return {gateway_status::declined, "", detail};
     }
-    if (status >= 500) return {gateway_status::server_error, "", detail};
-    return {gateway_status::invalid, "", detail};
+    // Everything else through the wrapper's one mapping: a 409 (the charge is
+    // still running there) or a 429 is not a refusal (issue 7.5). A 2xx that
+    // says neither charged nor declined carries no charge id: unknown.
+    const auto mapped = orpheus::payment::status_of_http(status);
+    return {mapped == gateway_status::charged ? gateway_status::server_error : mapped, "", detail};
   }
 
   orpheus::beast::http_endpoint bank_;

@@ -178,6 +178,24 @@ TEST(Payment, A409WhileTheFirstChargeIsInFlightIsRetryableAndInDoubt) {
 
 // The one mapping from a gateway's HTTP status to a gateway_status, so that
 // no gateway adapter turns a 409 or 429 into `invalid` again.
+// Issue 7.13: the gateway's own words (hosts, its error text) reached the
+// message clients see. They are internal now: logged and recorded only.
+TEST(Payment, TheGatewaysDetailIsInternalNeverTheClientsMessage) {
+  const std::string secret = "bank-7.internal:8443 said: ERR 0x51";
+  for (const auto s :
+       {gateway_status::declined, gateway_status::invalid, gateway_status::connect_failed,
+        gateway_status::throttled, gateway_status::in_progress, gateway_status::timeout,
+        gateway_status::server_error, gateway_status::reset}) {
+    try {
+      classify(gateway_answer{s, "", secret});
+      ADD_FAILURE() << "no error for status " << static_cast<int>(s);
+    } catch (const error& e) {
+      EXPECT_EQ(e.info().message.find(secret), std::string::npos) << e.info().message;
+      EXPECT_NE(e.info().internal.find(secret), std::string::npos) << static_cast<int>(s);
+    }
+  }
+}
+
 TEST(Payment, HttpStatusesMapToGatewayStatuses) {
   struct expectation {
     unsigned http;

@@ -9,11 +9,24 @@ namespace {
 // as "nothing happened", and so the manager keeps the lease until the
 // attempt's deadline instead of letting a retry overlap a charge that may
 // still be running at the gateway.
+//
+// The gateway's own words (`detail`) are internal: logged and recorded, never
+// sent to the client, whose message is fixed text (issue 7.13).
 [[noreturn]] void unknown_outcome(int status, std::string code, const std::string& detail) {
-  throw error(error_info{
-      status, std::move(code),
-      "the gateway's outcome is unknown (" + detail + "); a retry asks it before charging again",
-      true, true, std::chrono::milliseconds(1000)});
+  throw error(error_info{status, std::move(code),
+                         "the gateway's outcome is unknown; a retry asks it before charging again",
+                         true, true, std::chrono::milliseconds(1000), "gateway: " + detail});
+}
+
+[[noreturn]] void refused(int status, std::string code, std::string message,
+                          const std::string& detail) {
+  throw error(error_info{status, std::move(code), std::move(message), false, false, std::nullopt,
+                         "gateway: " + detail});
+}
+
+[[noreturn]] void not_yet(std::string code, std::string message, const std::string& detail) {
+  throw error(error_info{503, std::move(code), std::move(message), true, false,
+                         std::chrono::milliseconds(1000), "gateway: " + detail});
 }
 
 std::chrono::milliseconds left(const attempt& a) {
@@ -52,18 +65,15 @@ std::string classify(const gateway_answer& answer) {
     case gateway_status::charged:
       return answer.charge_id;
     case gateway_status::declined:
-      throw non_retryable_error("card_declined", "the payment was declined: " + answer.detail, 402);
+      refused(402, "card_declined", "the payment was declined", answer.detail);
     case gateway_status::invalid:
-      throw non_retryable_error("invalid_payment",
-                                "the gateway refused the payment: " + answer.detail, 422);
+      refused(422, "invalid_payment", "the gateway refused the payment", answer.detail);
     case gateway_status::connect_failed:
-      throw retryable_error("gateway_unreachable", "could not reach the gateway: " + answer.detail,
-                            503);
+      not_yet("gateway_unreachable", "could not reach the gateway", answer.detail);
     case gateway_status::throttled:
       // A 429 is an answer to this request alone: the gateway did not act on
       // it. Retryable, not in doubt (issue 7, defect 5: it was invalid_payment).
-      throw retryable_error("gateway_throttled", "the gateway asked to slow down: " + answer.detail,
-                            503, std::chrono::milliseconds(1000));
+      not_yet("gateway_throttled", "the gateway asked to slow down", answer.detail);
     case gateway_status::in_progress:
       // A 409: a charge with this key is still running at the gateway, so its
       // outcome is unknown (issue 7, defect 5: it was invalid_payment, a

@@ -79,7 +79,7 @@ enum class gateway_status {
 struct gateway_answer {
   gateway_status status = gateway_status::server_error;
   std::string charge_id;  ///< set when charged
-  std::string detail;     ///< for logs and error messages
+  std::string detail;     ///< for logs and the record (error_info::internal), never for clients
 };
 
 /// The downstream service. Implementations do one call each, no retries.
