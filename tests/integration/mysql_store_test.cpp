@@ -16,6 +16,7 @@
 #include "clock.hpp"
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
+#include "support/forwarding_store.hpp"
 
 namespace orpheus {
 namespace {
@@ -526,6 +527,87 @@ TEST_F(MysqlStore, AbandonedRowsArePurgedAfterWindowAndRetentionButNeverUnderALi
   EXPECT_FALSE(store_->inspect(in_progress)) << "abandoned row with an expired lease not purged";
   EXPECT_TRUE(store_->inspect(leased)) << "a row under a live lease was purged";
   EXPECT_TRUE(store_->inspect(kept)) << "a record within its retention was purged";
+}
+
+}  // namespace
+}  // namespace orpheus
+
+namespace orpheus {
+namespace {
+
+// Issue 8 item 3: on MariaDB the Pre-RPC result is stored by the statement
+// that commits transaction 1. Its fence still holds: when the lease row is not
+// this attempt's, the block stops before its COMMIT and nothing commits.
+TEST_F(MysqlStore, PreStateSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenceFails) {
+  manager m(*store_);
+  const auto rid = id("fence");
+  int rpcs = 0;
+  try {
+    m.process(
+        rid,
+        [&](tx& t) {
+          t.execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'pre')", scope_ + "/fence");
+          // A handler that tampers with the library's row: the lease is no
+          // longer this attempt's when the Pre-RPC result is stored.
+          t.execute("UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? "
+                    "AND idem_key = ?",
+                    rid.scope, rid.key);
+          return 1;
+        },
+        [&](const attempt&, int) { return ++rpcs; },
+        [](tx&, const attempt&, const outcome<int>&) { return response{200, {}, "ok"}; });
+    ADD_FAILURE() << "transaction 1 committed without its fenced Pre-RPC result";
+  } catch (const error& e) {
+    EXPECT_FALSE(e.retryable()) << e.what();
+    EXPECT_FALSE(e.in_doubt()) << e.what();
+  }
+  EXPECT_EQ(rpcs, 0);
+  EXPECT_FALSE(store_->inspect(rid)) << "the lease row was committed";
+  EXPECT_FALSE(handler_row_exists(scope_ + "/fence")) << "the handler's row was committed";
+}
+
+// A connection lost while the statement that stores the Pre-RPC result and
+// commits is running: in doubt, never "nothing happened"; the retry finds out.
+TEST_F(MysqlStore, LostConnectionDuringTheCommitThatStoresThePreRpcResultIsInDoubt) {
+  test::forwarding_store s(*store_);
+  std::int64_t victim = 0;
+  s.before_commit = [&](int tx_number, store_tx&) {
+    if (tx_number != 0) return;  // transaction 1 only; no statement on it here
+    mysql_store killer(options_for_test());
+    auto t = killer.begin_on_shard(0);
+    t->execute("KILL CONNECTION " + std::to_string(victim));
+    t->commit();
+  };
+  manager m(s);
+  const auto rid = id("in-doubt-1");
+  int pres = 0;
+  auto pay = [&] {
+    return m.process(
+        rid,
+        [&](tx& t) {
+          ++pres;
+          victim = t.query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0);
+          return std::string("pre");
+        },
+        [](const attempt&, const std::string& p) { return p; },
+        [](tx&, const attempt&, const outcome<std::string>&) { return response{201, {}, "ok"}; });
+  };
+  try {
+    pay();
+    ADD_FAILURE() << "a commit without an answer was reported as success";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_TRUE(e.in_doubt()) << e.what();
+    EXPECT_EQ(e.code(), codes::commit_in_doubt);
+  }
+  s.before_commit = nullptr;
+  const auto r = pay();  // the killed commit did not land: a new request again
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(pres, 2);
+  const auto rec = store_->inspect(rid);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->pre_state, "\"pre\"");
+  EXPECT_TRUE(pay().replayed);
 }
 
 }  // namespace
