@@ -1,0 +1,452 @@
+// beast::http_client against a scripted HTTP server on loopback that counts
+// what it accepts and what it reads: kept-alive connections are reused, a
+// connection found dead is replaced without the request reaching the server
+// twice, a request that may have reached it is never re-sent, and one
+// deadline covers every step. Timings appear only as hang guards.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "orpheus/beast/client.hpp"
+
+namespace orpheus::beast {
+namespace {
+
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
+using namespace std::chrono_literals;
+
+constexpr auto guard = 30s;  // hang guard only
+
+// What the server does with the n-th request it reads (1-based, over all
+// connections).
+enum class act {
+  answer,                   // 200, kept alive
+  answer_then_close,        // 200, then close the connection (as an idle timeout would)
+  answer_then_reset,        // 200, then reset the connection
+  answer_connection_close,  // 200 with Connection: close, and keep reading (the client must close)
+  close_without_answer,     // read the request, close: did it act? the client cannot know
+  never_answer,             // read the request, keep the connection open, say nothing
+  answer_after_a_while,     // 200 after a short pause, so that calls overlap
+};
+
+class scripted_server {
+ public:
+  explicit scripted_server(std::function<act(int)> script)
+      : script_(std::move(script)), acceptor_(ioc_, {net::ip::make_address("127.0.0.1"), 0}) {
+    accepting_ = std::thread([this] { accept_loop(); });
+  }
+  scripted_server(const scripted_server&) = delete;
+  scripted_server& operator=(const scripted_server&) = delete;
+  ~scripted_server() {
+    {
+      const std::lock_guard lock(m_);
+      stopping_ = true;
+      for (const int fd : fds_) ::shutdown(fd, SHUT_RDWR);  // wakes blocked reads
+    }
+    changed_.notify_all();
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes accept()
+    accepting_.join();
+    for (auto& t : connections_) t.join();
+  }
+
+  [[nodiscard]] http_endpoint endpoint() const {
+    return {"127.0.0.1", acceptor_.local_endpoint().port()};
+  }
+  int accepted() {
+    const std::lock_guard lock(m_);
+    return accepted_;
+  }
+  int requests() {
+    const std::lock_guard lock(m_);
+    return requests_;
+  }
+  int most_open_at_once() {
+    const std::lock_guard lock(m_);
+    return most_open_;
+  }
+  /// Waits (hang guard) until the server has closed `n` connections.
+  bool wait_closed(int n) {
+    std::unique_lock lock(m_);
+    return changed_.wait_for(lock, guard, [&] { return closed_ >= n; });
+  }
+  /// Waits (hang guard) until the server has read `n` requests.
+  bool wait_requests(int n) {
+    std::unique_lock lock(m_);
+    return changed_.wait_for(lock, guard, [&] { return requests_ >= n; });
+  }
+
+ private:
+  void accept_loop() {
+    for (;;) {
+      tcp::socket s(ioc_);
+      boost::system::error_code ec;
+      acceptor_.accept(s, ec);
+      const std::lock_guard lock(m_);
+      if (ec || stopping_) return;
+      ++accepted_;
+      most_open_ = std::max(most_open_, ++open_);
+      fds_.push_back(s.native_handle());
+      connections_.emplace_back([this, s = std::move(s)]() mutable { serve(s); });
+    }
+  }
+
+  void serve(tcp::socket& s) {
+    boost::beast::flat_buffer buffer;
+    for (bool open = true; open;) {
+      http::request<http::string_body> req;
+      boost::system::error_code ec;
+      http::read(s, buffer, req, ec);
+      if (ec) break;
+      act a = act::answer;
+      int n = 0;
+      {
+        const std::lock_guard lock(m_);
+        n = ++requests_;
+        a = script_(n);
+      }
+      changed_.notify_all();
+      http::response<http::string_body> res{http::status::ok, 11};
+      res.body() = std::to_string(n);
+      switch (a) {
+        case act::answer_after_a_while:
+          std::this_thread::sleep_for(20ms);
+          break;
+        case act::answer_connection_close:
+          res.keep_alive(false);
+          break;
+        case act::answer_then_close:
+          open = false;
+          break;
+        case act::answer_then_reset: {
+          const linger hard{1, 0};  // close() sends RST
+          ::setsockopt(s.native_handle(), SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+          open = false;
+          break;
+        }
+        case act::close_without_answer:
+          open = false;
+          continue;
+        case act::never_answer: {
+          std::unique_lock lock(m_);
+          changed_.wait(lock, [&] { return stopping_; });
+          open = false;
+          continue;
+        }
+        case act::answer:
+          break;
+      }
+      res.prepare_payload();
+      http::write(s, res, ec);
+      if (ec) break;
+    }
+    {
+      const std::lock_guard lock(m_);
+      std::erase(fds_, s.native_handle());
+      boost::system::error_code ignored;
+      s.close(ignored);
+      --open_;
+      ++closed_;
+    }
+    changed_.notify_all();
+  }
+
+  std::function<act(int)> script_;
+  net::io_context ioc_;  // never run: blocking calls only
+  tcp::acceptor acceptor_;
+  std::mutex m_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  int accepted_ = 0, requests_ = 0, open_ = 0, most_open_ = 0, closed_ = 0;
+  std::vector<int> fds_;
+  std::vector<std::thread> connections_;
+  std::thread accepting_;
+};
+
+http_request get(const std::string& target = "/") { return {http::verb::get, target, 11}; }
+
+http_request charge() {
+  http_request req{http::verb::post, "/charges", 11};
+  req.set("Idempotency-Key", "k1");
+  req.body() = R"({"amount":1250})";
+  return req;
+}
+
+transport_error::kind error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const transport_error& e) {
+    return e.error_kind();
+  }
+  ADD_FAILURE() << "no transport_error";
+  return transport_error::kind::connect;
+}
+
+TEST(HttpClient, ReusesAConnectionForSequentialCalls) {
+  scripted_server s([](int) { return act::answer; });
+  http_client c;
+  for (int i = 1; i <= 5; ++i) {
+    const auto res = c.send(s.endpoint(), get(), guard);
+    EXPECT_EQ(res.result_int(), 200U);
+    EXPECT_EQ(res.body(), std::to_string(i));
+  }
+  EXPECT_EQ(s.accepted(), 1);
+  EXPECT_EQ(s.requests(), 5);
+}
+
+TEST(HttpClient, SharesConnectionsBetweenThreadsWithinTheLimit) {
+  scripted_server s([](int) { return act::answer; });
+  http_client_options o;
+  o.max_connections_per_endpoint = 3;
+  http_client c(o);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  threads.reserve(6);
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        if (c.send(s.endpoint(), get(), guard).result_int() == 200) ++ok;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok, 120);
+  EXPECT_EQ(s.requests(), 120);
+  EXPECT_LE(s.accepted(), 3) << "kept-alive connections are reused across threads";
+}
+
+TEST(HttpClient, RespectsTheLimitPerEndpointUnder32ConcurrentCalls) {
+  scripted_server s([](int) { return act::answer_after_a_while; });
+  http_client_options o;
+  o.max_connections_per_endpoint = 4;
+  http_client c(o);
+  std::vector<std::future<http_response>> calls;
+  calls.reserve(32);
+  for (int i = 0; i < 32; ++i) {
+    calls.push_back(
+        std::async(std::launch::async, [&] { return c.send(s.endpoint(), get(), guard); }));
+  }
+  for (auto& f : calls) EXPECT_EQ(f.get().result_int(), 200U);
+  EXPECT_EQ(s.requests(), 32);
+  EXPECT_LE(s.most_open_at_once(), 4);
+  EXPECT_LE(s.accepted(), 4);
+}
+
+// The server closes a kept-alive connection while it is idle (its idle
+// timeout): the next call finds it closed before writing, opens a new one,
+// and the server reads the request once.
+TEST(HttpClient, AConnectionClosedWhileIdleIsReplacedAndTheRequestSentOnce) {
+  scripted_server s([](int n) { return n == 1 ? act::answer_then_close : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), charge(), guard).body(), "1");
+  ASSERT_TRUE(s.wait_closed(1));
+  const auto res = c.send(s.endpoint(), charge(), guard);
+  EXPECT_EQ(res.body(), "2");
+  EXPECT_EQ(s.requests(), 2) << "each call reached the server exactly once";
+  EXPECT_EQ(s.accepted(), 2);
+}
+
+TEST(HttpClient, AConnectionResetWhileIdleIsReplacedAndTheRequestSentOnce) {
+  scripted_server s([](int n) { return n == 1 ? act::answer_then_reset : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), charge(), guard).body(), "1");
+  ASSERT_TRUE(s.wait_closed(1));
+  EXPECT_EQ(c.send(s.endpoint(), charge(), guard).body(), "2");
+  EXPECT_EQ(s.requests(), 2);
+  EXPECT_EQ(s.accepted(), 2);
+}
+
+// The server read the request and closed without answering: it may have
+// charged. The client reports `closed` and does not send it again, neither
+// on a new connection nor on a reused one (the idle-close race looks the
+// same from the client).
+TEST(HttpClient, ARequestReadAndNotAnsweredIsClosedAndNeverResent) {
+  scripted_server s([](int n) { return n == 1 ? act::close_without_answer : act::answer; });
+  http_client c;
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), charge(), guard); }),
+            transport_error::kind::closed);
+  EXPECT_EQ(s.requests(), 1);
+  EXPECT_EQ(s.accepted(), 1);
+}
+
+TEST(HttpClient, ARequestReadAndNotAnsweredOnAReusedConnectionIsNeverResent) {
+  scripted_server s([](int n) { return n == 2 ? act::close_without_answer : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), charge(), guard).body(), "1");
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), charge(), guard); }),
+            transport_error::kind::closed);
+  ASSERT_TRUE(s.wait_closed(1));
+  EXPECT_EQ(s.requests(), 2) << "the second request was read once and not sent again";
+  EXPECT_EQ(s.accepted(), 1);
+  // The caller's own retry (same key) goes out on a new connection.
+  EXPECT_EQ(c.send(s.endpoint(), charge(), guard).body(), "3");
+  EXPECT_EQ(s.accepted(), 2);
+}
+
+// delivery::idempotent: the same loss on a reused connection is re-sent
+// once on a new connection.
+TEST(HttpClient, AnIdempotentRequestLostOnAReusedConnectionIsResentOnce) {
+  scripted_server s([](int n) { return n == 2 ? act::close_without_answer : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard, delivery::idempotent).body(), "1");
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard, delivery::idempotent).body(), "3");
+  EXPECT_EQ(s.requests(), 3);
+  EXPECT_EQ(s.accepted(), 2);
+  // Not on a new connection: there the loss is the server's, reported.
+  scripted_server fresh([](int) { return act::close_without_answer; });
+  EXPECT_EQ(error_of([&] { c.send(fresh.endpoint(), get(), guard, delivery::idempotent); }),
+            transport_error::kind::closed);
+  EXPECT_EQ(fresh.requests(), 1);
+}
+
+TEST(HttpClient, AConnectionCloseAnswerIsNotReused) {
+  scripted_server s([](int) { return act::answer_connection_close; });
+  http_client c;
+  for (int i = 1; i <= 3; ++i)
+    EXPECT_EQ(c.send(s.endpoint(), get(), guard).body(), std::to_string(i));
+  EXPECT_EQ(s.accepted(), 3);
+  EXPECT_EQ(s.requests(), 3);
+}
+
+TEST(HttpClient, AnHttp10RequestIsNotReused) {
+  scripted_server s([](int) { return act::answer; });
+  http_client c;
+  for (int i = 0; i < 2; ++i) {
+    http_request req{http::verb::get, "/", 10};
+    EXPECT_EQ(c.send(s.endpoint(), std::move(req), guard).result_int(), 200U);
+  }
+  EXPECT_EQ(s.accepted(), 2);
+}
+
+TEST(HttpClient, IdleConnectionsAreClosedAfterTheIdleTimeout) {
+  scripted_server s([](int) { return act::answer; });
+  http_client_options o;
+  o.idle_timeout = 50ms;
+  http_client c(o);
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard).result_int(), 200U);
+  ASSERT_TRUE(s.wait_closed(1)) << "the client closes an idle connection";
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard).result_int(), 200U);
+  EXPECT_EQ(s.accepted(), 2);
+}
+
+TEST(HttpClient, TheDeadlineEndsACallTheServerNeverAnswers) {
+  scripted_server s([](int) { return act::never_answer; });
+  http_client c;
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), charge(), 200ms); }),
+            transport_error::kind::timeout);
+  EXPECT_EQ(s.requests(), 1);
+}
+
+TEST(HttpClient, TheDeadlineEndsACallOnAListenerThatNeverAccepts) {
+  net::io_context ioc;
+  tcp::acceptor silent(ioc, {net::ip::make_address("127.0.0.1"), 0});
+  silent.listen(0);
+  http_client c;
+  EXPECT_EQ(error_of([&] {
+              c.send({"127.0.0.1", silent.local_endpoint().port()}, get(), 200ms);
+            }),
+            transport_error::kind::timeout);
+}
+
+// Waiting for a connection of an endpoint at its limit counts against the
+// call's deadline.
+TEST(HttpClient, TheDeadlineCoversWaitingForAConnection) {
+  scripted_server s([](int) { return act::never_answer; });
+  std::promise<http_result> first;  // outlives the client, which ends the call
+  http_client_options o;
+  o.max_connections_per_endpoint = 1;
+  http_client c(o);
+  c.async_send(s.endpoint(), get(), guard, [&](http_result r) { first.set_value(std::move(r)); });
+  ASSERT_TRUE(s.wait_requests(1));
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), get(), 100ms); }), transport_error::kind::timeout);
+  EXPECT_EQ(s.accepted(), 1);
+  EXPECT_EQ(s.requests(), 1);
+}
+
+TEST(HttpClient, ARefusedConnectionIsAConnectError) {
+  net::io_context ioc;
+  unsigned short port = 0;
+  {
+    tcp::acceptor gone(ioc, {net::ip::make_address("127.0.0.1"), 0});
+    port = gone.local_endpoint().port();
+  }
+  http_client c;
+  EXPECT_EQ(error_of([&] {
+              c.send({"127.0.0.1", port}, get(), guard);
+            }),
+            transport_error::kind::connect);
+}
+
+TEST(HttpClient, LooksUpANameWithinTheDeadline) {
+  scripted_server s([](int) { return act::answer; });
+  http_client c;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(c.send({"localhost", s.endpoint().port}, get(), guard).result_int(), 200U);
+  }
+  EXPECT_EQ(s.accepted(), 1);
+}
+
+// Destroying the client with calls in flight (answered never, waiting for a
+// connection) ends them: every callback runs, with an error.
+TEST(HttpClient, DestroyingTheClientEndsTheCallsInFlight) {
+  scripted_server s([](int) { return act::never_answer; });
+  std::mutex m;
+  std::vector<http_result> ended;
+  auto done = std::async(std::launch::async, [&] {
+    http_client_options o;
+    o.max_connections_per_endpoint = 2;
+    http_client c(o);
+    for (int i = 0; i < 5; ++i) {
+      c.async_send(s.endpoint(), charge(), guard, [&](http_result r) {
+        const std::lock_guard lock(m);
+        ended.push_back(std::move(r));
+      });
+    }
+    s.wait_requests(2);
+  });
+  ASSERT_EQ(done.wait_for(guard), std::future_status::ready) << "~http_client hangs";
+  done.get();
+  const std::lock_guard lock(m);
+  ASSERT_EQ(ended.size(), 5U);
+  for (const auto& r : ended) {
+    EXPECT_FALSE(r.response);
+    ASSERT_TRUE(r.error);
+  }
+  EXPECT_EQ(s.requests(), 2);
+}
+
+TEST(HttpClient, SendOnItsOwnIoThreadIsALogicError) {
+  scripted_server s([](int) { return act::answer; });
+  std::promise<bool> threw;
+  http_client c;
+  c.async_send(s.endpoint(), get(), guard, [&](const http_result&) {
+    try {
+      c.send(s.endpoint(), get(), guard);
+      threw.set_value(false);
+    } catch (const std::logic_error&) {
+      threw.set_value(true);
+    }
+  });
+  EXPECT_TRUE(threw.get_future().get());
+}
+
+TEST(HttpClient, RefusesAZeroConnectionLimit) {
+  http_client_options o;
+  o.max_connections_per_endpoint = 0;
+  EXPECT_THROW(http_client{o}, std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace orpheus::beast
