@@ -15,11 +15,11 @@
 #include <mutex>
 #include <thread>
 
+#include "orpheus/beast/detail/resolve.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/beast/server.hpp"
 #include "orpheus/client/async.hpp"
 #include "orpheus/client/client.hpp"
-#include "orpheus/client/detail/resolve.hpp"
 #include "orpheus/client/journal.hpp"
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
@@ -423,11 +423,12 @@ TEST(Client, AHostLookupThatNeverEndsEndsAtTheDeadline) {
   silent_resolver r{ioc, {}, 0};
   int completions = 0;
   boost::system::error_code got;
-  detail::async_resolve_before(r, "payments.example", "80", std::chrono::steady_clock::now() + 50ms,
-                               [&](boost::system::error_code ec, silent_resolver::results_type) {
-                                 ++completions;
-                                 got = ec;
-                               });
+  beast::detail::async_resolve_before(
+      r, "payments.example", "80", std::chrono::steady_clock::now() + 50ms,
+      [&](boost::system::error_code ec, silent_resolver::results_type) {
+        ++completions;
+        got = ec;
+      });
   ioc.run();  // ends when nothing is left to wait for: without a deadline, at once
   ASSERT_EQ(completions, 1) << "the lookup must end at the deadline";
   EXPECT_EQ(got, boost::asio::error::timed_out);
@@ -442,11 +443,12 @@ TEST(Client, AHostLookupThatNeverEndsEndsAtTheDeadline) {
   // A real lookup of a name within its deadline completes with its result.
   boost::asio::ip::tcp::resolver real(ioc);
   std::optional<boost::asio::ip::tcp::resolver::results_type> found;
-  detail::async_resolve_before(real, "localhost", "80", std::chrono::steady_clock::now() + 60s,
-                               [&](boost::system::error_code ec, auto results) {
-                                 EXPECT_FALSE(ec) << ec.message();
-                                 found = std::move(results);
-                               });
+  beast::detail::async_resolve_before(real, "localhost", "80",
+                                      std::chrono::steady_clock::now() + 60s,
+                                      [&](boost::system::error_code ec, auto results) {
+                                        EXPECT_FALSE(ec) << ec.message();
+                                        found = std::move(results);
+                                      });
   ioc.restart();
   ioc.run();
   ASSERT_TRUE(found);

@@ -5,8 +5,6 @@
 #include <stdexcept>
 #include <thread>
 
-#include "transport.hpp"
-
 namespace orpheus::client {
 
 namespace http = boost::beast::http;
@@ -111,12 +109,11 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
 }
 
 idempotent_client::idempotent_client(http_endpoint server, client_options options)
-    : server_(std::move(server)),
-      options_(std::move(options)),
-      io_(std::make_shared<detail::io_runner>()) {
+    : server_(std::move(server)), options_(std::move(options)) {
   validate(options_.policy);
   if (!options_.budget) throw std::invalid_argument("client_options: no retry budget");
   if (options_.key_header.empty()) throw std::invalid_argument("client_options: empty key header");
+  if (!options_.http) options_.http = std::make_shared<beast::http_client>();
 }
 
 call_result idempotent_client::send(const prepared_request& req) const {
@@ -125,7 +122,7 @@ call_result idempotent_client::send(const prepared_request& req) const {
     std::optional<http_response> res;
     std::optional<beast::transport_error> failure;
     try {
-      res = io_->send(server_, req.message(options_.key_header), loop.attempt_timeout());
+      res = options_.http->send(server_, req.message(options_.key_header), loop.attempt_timeout());
     } catch (const beast::transport_error& e) {
       failure = e;
     }

@@ -14,14 +14,18 @@
 // one client. send() never throws for HTTP or network failures: the result
 // says what happened and why it stopped.
 //
-// One deadline bounds each attempt: host name lookup, connect, write and
-// read (the lookup used to run outside it). The sync form runs its attempts
-// on an io thread the client owns (one per client and its copies), so that a
-// lookup past its deadline is abandoned rather than waited for; destroying
-// the client waits for such a lookup to end.
+// Attempts go through a beast::http_client (orpheus/beast/client.hpp): kept-
+// alive connections to the server, reused across attempts, calls and
+// threads, on the http_client's own io thread. One deadline bounds each
+// attempt: waiting for a connection, host name lookup, connect, write and
+// read. The http_client never re-sends an attempt the server may have
+// received (delivery::at_most_once); an attempt whose connection broke is a
+// `network` error that this helper retries with the same key.
 //
 // Thread safety: a client may be used by several threads at once; it shares
-// its retry budget between them.
+// its retry budget and its connections between them. Lifetimes: the
+// http_client lives as long as the last client (or copy) that uses it;
+// destroying it waits for a host name lookup still running.
 #pragma once
 
 #include <boost/beast/http/verb.hpp>
@@ -94,6 +98,10 @@ struct client_options {
   std::string key_header = "Idempotency-Key";
   clock time;
   std::function<void(const attempt_info&)> on_attempt;
+  /// The connections attempts use. Null: the client makes its own, shared
+  /// by its copies (16 connections at most, 4 s idle). Give several clients
+  /// of one service the same http_client to share its connections.
+  std::shared_ptr<beast::http_client> http;
 };
 
 /// The retry decisions of one call, shared by the sync and async forms.
@@ -116,10 +124,6 @@ class retry_loop {
   std::mt19937_64 rng_;
 };
 
-namespace detail {
-class io_runner;
-}
-
 class idempotent_client {
  public:
   /// Throws std::invalid_argument on a bad policy or a missing budget.
@@ -133,8 +137,7 @@ class idempotent_client {
 
  private:
   http_endpoint server_;
-  client_options options_;
-  std::shared_ptr<detail::io_runner> io_;  ///< the sync form's io thread, shared by copies
+  client_options options_;  ///< options_.http is never null
 };
 
 }  // namespace orpheus::client
