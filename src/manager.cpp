@@ -207,14 +207,30 @@ class app_tx final : public tx {
   static void refuse_transaction_control(std::string_view sql) {
     const std::string head = first_words(sql);
     const std::string_view first = std::string_view(head).substr(0, head.find(' '));
-    const bool ends_tx = first == "BEGIN" || first == "COMMIT" || first == "END" ||
-                         first == "START" || first == "XA" || first == "LOCK" ||
-                         first == "UNLOCK" || head == "SET AUTOCOMMIT" ||
-                         (first == "ROLLBACK" && head != "ROLLBACK TO");
-    if (ends_tx) {
+    std::string upper(sql);
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const auto mentions = [&](std::string_view word) {
+      return upper.find(word) != std::string::npos;
+    };
+    const bool refused =
+        // Ends or escapes the transaction.
+        first == "BEGIN" || first == "COMMIT" || first == "END" || first == "START" ||
+        first == "XA" || first == "LOCK" || first == "UNLOCK" ||
+        (first == "ROLLBACK" && head != "ROLLBACK TO") ||
+        // Any form of SET autocommit (SET SESSION autocommit, SET @@autocommit),
+        // and SET TRANSACTION, which changes what the library's reads see.
+        (first == "SET" && (mentions("AUTOCOMMIT") || head == "SET TRANSACTION")) ||
+        // DDL commits implicitly on MySQL; schema changes belong to migrations.
+        first == "CREATE" || first == "ALTER" || first == "DROP" || first == "TRUNCATE" ||
+        first == "RENAME" || first == "GRANT" || first == "REVOKE" || first == "FLUSH" ||
+        // MySQL runs /*! ... */ comments as SQL: nothing above could see it.
+        mentions("/*!") ||
+        // The SQLite backend's own savepoint (group commit).
+        mentions("ORPHEUS_MEMBER");
+    if (refused) {
       throw storage_error::permanent(
-          "Pre-RPC and Post-RPC may not begin, end or lock outside the library's "
-          "transaction (" +
+          "Pre-RPC and Post-RPC may not begin, end, lock or change the schema outside the "
+          "library's transaction (" +
           head + ")");
     }
   }
@@ -297,7 +313,7 @@ response manager::run(const request_id& id, const detail::phases& p,
           // A result whose JSON does not read back as its type (a NaN, an
           // asymmetric to_json) is a handler bug: roll back, nothing happened.
           try {
-            p.load(*detail::decode_pre_state(stored));
+            p.load(detail::decode_pre_state(stored).value());
           } catch (const std::exception& e) {
             t->rollback();
             error_info why = unreadable_pre_state(e.what());
@@ -322,9 +338,15 @@ response manager::run(const request_id& id, const detail::phases& p,
           t->rollback();
           continue;
         }
-        if (locked->fingerprint != id.fingerprint) throw_mismatch();
+        // A decision read under the lock is answered only once what it read
+        // is durable: commit(), not rollback(), so that a failure of the
+        // write it read (a SQLite batch it shares) reaches this answer too.
+        if (locked->fingerprint != id.fingerprint) {
+          t->commit();
+          throw_mismatch();
+        }
         if (is_terminal(locked->state)) {
-          t->rollback();
+          t->commit();
           return replay_of(*locked);
         }
         if (lease_is_live(*locked)) {
@@ -413,12 +435,15 @@ response manager::run(const request_id& id, const detail::phases& p,
         t->rollback();
         t.reset();
         const error_info cause = classify(std::current_exception(), config_.unclassified);
-        release_quietly(store_, id, owner, reason_of(cause));
+        // An in-doubt RPC keeps its lease (to its end, here): releasing it
+        // would let a retry overlap the call that may still run downstream.
+        const bool in_doubt = failure && failure->in_doubt;
+        if (!in_doubt) release_quietly(store_, id, owner, reason_of(cause));
         log(log_level::error, "scope " + id.scope + " key " + id.key +
                                   ": Post-RPC failed after the RPC ran: " + reason_of(cause));
         throw error(error_info{503, std::string(codes::post_rpc_failed),
-                               "recording the result failed; retry with the same key", true, false,
-                               std::chrono::milliseconds(1000), reason_of(cause)});
+                               "recording the result failed; retry with the same key", true,
+                               in_doubt, std::chrono::milliseconds(1000), reason_of(cause)});
       }
       bool fenced = false;
       if (!failure) {

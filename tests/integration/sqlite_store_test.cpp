@@ -3,6 +3,7 @@
 // conformance_test.cpp.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -17,6 +18,8 @@
 
 namespace orpheus {
 namespace {
+
+using namespace std::chrono_literals;
 
 std::string fresh_path() {
   auto dir = std::filesystem::temp_directory_path() / ("orpheus-sqlite-" + test::random_hex());
@@ -262,6 +265,171 @@ TEST(SqliteStore, SixteenThreadsOfNewKeysAllCommitThroughTheSingleWriter) {
     EXPECT_TRUE(row_exists(*s, key));
   }
   std::cout << "writer: " << st.transactions << " transactions, " << st.commits << " commits\n";
+}
+
+// ---- found in review: answers derived from a batch that was not durable -----
+
+struct same_key_payments {
+  sqlite_store s;
+  manager m;
+  request_id rid{"scope", "k1", fingerprint_of("pay 10")};
+  std::atomic<int> rpc_calls{0};
+  explicit same_key_payments(std::chrono::milliseconds busy)
+      : s({.path = fresh_path(), .busy_timeout = busy, .max_batch_age = std::chrono::minutes(10)}),
+        m((s.migrate(), s), config{.lease = 1000ms, .rpc_timeout = 500ms}) {}
+
+  response pay(std::promise<void>* in_rpc, std::shared_future<void>* go) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&, in_rpc, go](const attempt& a, int) {
+          const int n = ++rpc_calls;
+          if (in_rpc) in_rpc->set_value();
+          if (go) go->wait();
+          return std::string(a.is_retry() ? "retry-" : "") + "ch_" + std::to_string(n);
+        },
+        [](tx&, const attempt&, const outcome<std::string>& o) {
+          return response{200, {}, "charged " + o.value()};
+        });
+  }
+};
+
+// A's transaction 2 records "succeeded" in a batch; B, a retry of the same
+// key, reads that under the lock in the same batch; then SQLite rolls the batch
+// back (as an I/O error would). B answered a replay of a record that never
+// committed, and the next retry answered differently. B must not answer from
+// it: its decision waits for the batch and hears that it failed.
+TEST(SqliteStore, ADecisionReadFromALostBatchIsNotAnswered) {
+  same_key_payments f(3000ms);
+  std::promise<void> in_rpc;
+  std::promise<void> go_p;
+  std::shared_future<void> go = go_p.get_future().share();
+  auto a = std::async(std::launch::async, [&] {
+    try {
+      f.pay(&in_rpc, &go);
+    } catch (const error&) {  // A's record is lost with the batch: retryable
+    }
+  });
+  in_rpc.get_future().wait();
+  auto h = f.s.begin_on_shard(0);  // a slow member holds the writer
+  go_p.set_value();
+  await_waiting(f.s, 1);                // A's transaction 2 queues
+  std::this_thread::sleep_for(1100ms);  // A's lease expires while it queues
+  auto b = std::async(std::launch::async, [&]() -> std::optional<response> {
+    try {
+      return f.pay(nullptr, nullptr);
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.code();
+      return std::nullopt;
+    }
+  });
+  await_waiting(f.s, 2);  // B saw the expired lease and queues
+  auto d = std::async(std::launch::async, [&] {
+    auto t = f.s.begin_on_shard(0);
+    t->execute("ROLLBACK");  // SQLite ends the batch on its own
+    t->rollback();
+  });
+  await_waiting(f.s, 3);
+  h->rollback();  // hand on: A -> B -> D in one batch
+  const auto rb = within(std::chrono::seconds(60), [&] {
+    d.get();
+    a.get();
+    return b.get();
+  });
+  const auto rec = f.s.inspect(f.rid);
+  if (rb && rb->replayed) {
+    EXPECT_EQ(rec->state, record_state::succeeded)
+        << "B answered a replay of a record that was never committed";
+  }
+  const response rc = f.pay(nullptr, nullptr);
+  if (rb) {
+    EXPECT_EQ(rb->body, rc.body) << "two answers for one key";
+  }
+}
+
+// The same, when the batch is merely slow: B's wait for it ends (busy_timeout)
+// before the COMMIT holding what B read is durable. B must not answer a
+// replay of what is not durable yet.
+TEST(SqliteStore, ADecisionIsNotAnsweredBeforeWhatItReadIsDurable) {
+  same_key_payments f(300ms);
+  std::promise<void> in_rpc;
+  std::promise<void> go_p;
+  std::shared_future<void> go = go_p.get_future().share();
+  auto a = std::async(std::launch::async, [&] {
+    try {
+      f.pay(&in_rpc, &go);
+    } catch (const error&) {
+    }
+  });
+  in_rpc.get_future().wait();
+  std::this_thread::sleep_for(1100ms);  // A's lease expires during its RPC
+  auto h = f.s.begin_on_shard(0);
+  go_p.set_value();
+  await_waiting(f.s, 1);
+  auto b = std::async(std::launch::async, [&]() -> std::optional<response> {
+    try {
+      return f.pay(nullptr, nullptr);
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.code();
+      return std::nullopt;
+    }
+  });
+  await_waiting(f.s, 2);
+  auto d = std::async(std::launch::async, [&] {
+    auto t = f.s.begin_on_shard(0);
+    std::this_thread::sleep_for(1500ms);  // holds the writer past busy_timeout
+    t->rollback();
+  });
+  await_waiting(f.s, 3);
+  h->rollback();
+  const auto rb = within(std::chrono::seconds(60), [&] { return b.get(); });
+  const auto rec = f.s.inspect(f.rid);  // what is committed when B answered
+  if (rb && rb->replayed) {
+    EXPECT_EQ(rec->state, record_state::succeeded)
+        << "B answered before the record it replays was durable";
+  }
+  within(std::chrono::seconds(60), [&] {
+    d.get();
+    a.get();
+    return 0;
+  });
+}
+
+// An in-doubt RPC outcome whose Post-RPC throws (o.value() on an error)
+// released the lease at once, unlike the normal in-doubt path: a retry
+// overlapped a charge that may still be running.
+TEST(SqliteStore, AnInDoubtOutcomeWhosePostRpcThrowsKeepsTheLease) {
+  sqlite_store s({.path = fresh_path()});
+  s.migrate();
+  manager m(s, config{.lease = 10s, .rpc_timeout = 8s});
+  const request_id rid{"scope", "k-doubt", fingerprint_of("x")};
+  try {
+    m.process(
+        rid, [](tx&) { return 1; },
+        [](const attempt&, int) -> int {
+          throw error(error_info{504, "gateway_timeout", "no answer", true, true, std::nullopt});
+        },
+        [](tx&, const attempt&, const outcome<int>& o) {
+          return response{201, {}, std::to_string(o.value())};  // throws on an error outcome
+        });
+    ADD_FAILURE() << "no error";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::post_rpc_failed);
+    EXPECT_TRUE(e.in_doubt()) << "the RPC's outcome is still unknown";
+  }
+  EXPECT_EQ(s.inspect(rid)->state, record_state::in_progress)
+      << "the key was released although the charge may still be running";
+  int retry_rpc = 0;
+  try {
+    m.process(
+        rid, [](tx&) { return 1; }, [&](const attempt&, int) { return ++retry_rpc; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {}, "ok"};
+        });
+    ADD_FAILURE() << "a retry ran while the key is held";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress);
+  }
+  EXPECT_EQ(retry_rpc, 0);
 }
 
 // Issue 7.14: the journal mode was set and never checked.

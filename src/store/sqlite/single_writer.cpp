@@ -5,8 +5,11 @@
 namespace orpheus::sqlite_detail {
 namespace {
 
-// How many failed batches are remembered for members that still wait.
-constexpr std::size_t failures_kept = 64;
+// How many failed batches are remembered for members that still wait: a
+// member woken after more failures than this would be told its batch
+// committed. Failures are rare (I/O errors, a full disk); this is a bound on
+// memory, not a working set.
+constexpr std::size_t failures_kept = 4096;
 
 }  // namespace
 
@@ -61,6 +64,13 @@ std::uint64_t single_writer::enter() {
     return batch;
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
+    if (batch_open_ && sqlite3_get_autocommit(conn_->db()) != 0) {
+      // The failure took the outer transaction with it: its members lost
+      // their work, and the next member must open a new batch.
+      finish_batch(lock, batch_,
+                   storage_error::transient("sqlite: the database rolled the batch back after an "
+                                            "error; nothing of it was committed"));
+    }
     // An open batch with members that committed must still be finished by
     // someone: the next member, or this one now.
     if (batch_open_ && !has_waiter(lock)) commit_batch(lock);
