@@ -47,11 +47,12 @@
 //                           lease is kept until the attempt's deadline, so no
 //                           retry overlaps the first call.
 //
-// Pre-RPC and Post-RPC get a `tx` on the library's transaction; statements
-// that would end or escape it (BEGIN, COMMIT, ROLLBACK, SET autocommit, LOCK
-// TABLES, ...) are refused with a non-retryable storage_error. Details of
-// failures (SQL, hosts, exception text) are logged (orpheus/log.hpp) and kept
-// in the record's last_error, never put in the message clients see.
+// Pre-RPC and Post-RPC get a `tx` on the library's transaction; statements that
+// would end or escape it (BEGIN, COMMIT, ROLLBACK, SET autocommit, LOCK TABLES,
+// DDL, MySQL's /*! */ comments, ...) are refused with a non-retryable
+// storage_error. Details of failures (SQL, hosts, exception text) are logged
+// (orpheus/log.hpp) and kept in the record's last_error, never put in the
+// message clients see.
 //
 // Thread safety: process() may be called from any number of threads at once.
 // The store must outlive the manager.
