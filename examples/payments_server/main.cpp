@@ -31,7 +31,11 @@ Usage: payments_server --bank URL [flags]
   --store S             sqlite:PATH (default sqlite:payments.db), or a MySQL
                         shard URL mysql://user:pass@host:port/db; repeat the
                         flag (or separate with commas) for several shards
-  --bank URL            the bank, e.g. http://127.0.0.1:9000 (required)
+  --bank URL            the bank, e.g. http://127.0.0.1:9000 (required); or
+                        --bank inproc: charge in-process, no HTTP (a ledger
+                        with the bank simulator's semantics and no faults), to
+                        measure the idempotency layer alone; GET /ledger then
+                        answers as the bank simulator's
   --lease-ms N          lease of an attempt on a key (default 10000)
   --rpc-timeout-ms N    deadline of the bank call, < lease (default 5000)
   --wait-ms N           wait this long for a concurrent attempt on the same key
@@ -62,6 +66,8 @@ API (the caller is identified by the X-Client-Id header)
   GET /v1/payments/ID   the caller's payment, or 404
   GET /healthz          200 ok
   GET /metrics          Prometheus text format
+  GET /ledger           (--bank inproc only) the in-process bank's ledger, as
+                        the bank simulator's GET /ledger
 )";
 
 namespace http = boost::beast::http;
@@ -326,6 +332,53 @@ class bank_gateway final : public orpheus::payment::gateway {
   orpheus::beast::http_client http_;
 };
 
+// ---- an in-process bank (--bank inproc), for benchmarks ---------------------
+
+// The bank simulator's ledger without the HTTP: one charge per idempotency
+// key, every later charge or status query with that key answers the first
+// outcome, never a fault. Its maps grow with every key (about 150 bytes
+// each): measure memory over long runs with the HTTP bank.
+class inproc_bank final : public orpheus::payment::gateway {
+ public:
+  orpheus::payment::gateway_answer charge(const orpheus::payment::charge_request& r,
+                                          const std::string& key,
+                                          std::chrono::milliseconds) override {
+    std::lock_guard lock(m_);
+    auto [it, fresh] = by_key_.try_emplace(key);
+    if (fresh) {
+      it->second = "ch_" + std::to_string(++charges_);
+      ++charged_refs_[r.reference];
+    }
+    return {orpheus::payment::gateway_status::charged, it->second, "charged in-process"};
+  }
+
+  orpheus::payment::gateway_answer status(const std::string& key,
+                                          std::chrono::milliseconds) override {
+    std::lock_guard lock(m_);
+    const auto it = by_key_.find(key);
+    if (it == by_key_.end()) return {orpheus::payment::gateway_status::not_found, "", "unknown"};
+    return {orpheus::payment::gateway_status::charged, it->second, "charged in-process"};
+  }
+
+  /// The bank simulator's GET /ledger.
+  std::string ledger() {
+    std::lock_guard lock(m_);
+    int doubles = 0;
+    for (const auto& [ref, n] : charged_refs_) doubles += n > 1 ? 1 : 0;
+    return nlohmann::json{{"charges", charges_},
+                          {"keys", by_key_.size()},
+                          {"references", charged_refs_.size()},
+                          {"double_charges", doubles}}
+        .dump();
+  }
+
+ private:
+  std::mutex m_;
+  std::map<std::string, std::string> by_key_;
+  std::map<std::string, int> charged_refs_;
+  long charges_ = 0;
+};
+
 std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& specs) {
   std::vector<std::string> parts;
   for (const auto& s : specs) {
@@ -427,7 +480,8 @@ int main(int argc, char** argv) {
     f.fail("--purge-interval-ms and --purge-batch must be positive");
 
   try {
-    const auto bank_endpoint = orpheus::beast::parse_http_url(bank_url);
+    std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc
+    if (bank_url != "inproc") bank_endpoint = orpheus::beast::parse_http_url(bank_url);
     auto store = open_store(store_specs);
     store->migrate();
     for (std::size_t s = 0; s < store->shard_count(); ++s) {
@@ -443,7 +497,15 @@ int main(int argc, char** argv) {
     const examples::stop_signals stop;  // before any thread starts
     // Its io thread starts here, after the signals are blocked; declared
     // before the work pool, so it outlives every job that calls the bank.
-    bank_gateway bank(bank_endpoint, static_cast<std::size_t>(workers));
+    std::unique_ptr<orpheus::payment::gateway> bank;
+    inproc_bank* inproc = nullptr;  // set with --bank inproc: serves GET /ledger
+    if (bank_url == "inproc") {
+      auto b = std::make_unique<inproc_bank>();
+      inproc = b.get();
+      bank = std::move(b);
+    } else {
+      bank = std::make_unique<bank_gateway>(*bank_endpoint, static_cast<std::size_t>(workers));
+    }
 
     metrics stats;
     orpheus::beast::work_pool pool(static_cast<std::size_t>(workers),
@@ -483,7 +545,7 @@ int main(int argc, char** argv) {
             },
             [&](const orpheus::attempt& a, const payment& p) {  // RPC
               if (a.is_retry()) stats.takeover();
-              return orpheus::payment::charge_once(bank, a, {p.id, p.amount, p.currency});
+              return orpheus::payment::charge_once(*bank, a, {p.id, p.amount, p.currency});
             },
             [](orpheus::tx& tx, const orpheus::attempt&, const payment& p,
                const orpheus::outcome<std::string>& o) {  // Post-RPC
@@ -531,6 +593,9 @@ int main(int argc, char** argv) {
       }
       if (req.method() == http::verb::get && target == "/healthz")
         return respond(make_response(200, "ok\n"));
+      if (inproc != nullptr && req.method() == http::verb::get && target == "/ledger") {
+        return respond(make_response(200, inproc->ledger(), "application/json"));
+      }
       if (req.method() == http::verb::get && target == "/metrics") {
         return respond(make_response(200, stats.text(), "text/plain; version=0.0.4"));
       }
