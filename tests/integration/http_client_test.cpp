@@ -206,6 +206,17 @@ TEST(HttpClient, ReusesAConnectionForSequentialCalls) {
   EXPECT_EQ(s.requests(), 5);
 }
 
+// A pooled connection outlives the deadline of the call that used it last;
+// that expired deadline must not end (or close) the next call on it.
+TEST(HttpClient, ReusesAConnectionPastThePreviousCallsDeadline) {
+  scripted_server s([](int) { return act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), get(), 500ms).result_int(), 200U);
+  std::this_thread::sleep_for(600ms);  // set-up, not a threshold: the old deadline has passed
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard).result_int(), 200U);
+  EXPECT_EQ(s.accepted(), 1);
+}
+
 TEST(HttpClient, SharesConnectionsBetweenThreadsWithinTheLimit) {
   scripted_server s([](int) { return act::answer; });
   http_client_options o;

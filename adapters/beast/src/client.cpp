@@ -2,6 +2,7 @@
 
 #include "orpheus/beast/client.hpp"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -305,6 +306,9 @@ net::awaitable<connection_ptr> http_client::impl::open(const http_endpoint& to,
     throw failure(where, stage::connect, ec);
   }
   c->stream.socket().set_option(tcp::no_delay(true), ec);  // one small request, one answer
+  // Asio opens sockets without SOCK_CLOEXEC: a kept-alive connection
+  // inherited by a spawned process would outlive our close() there.
+  ::fcntl(c->stream.socket().native_handle(), F_SETFD, FD_CLOEXEC);
   co_return c;
 }
 
