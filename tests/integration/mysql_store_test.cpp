@@ -549,13 +549,16 @@ TEST_F(MysqlStore, PreStateSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenc
           t.execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'pre')", scope_ + "/fence");
           // A handler that tampers with the library's row: the lease is no
           // longer this attempt's when the Pre-RPC result is stored.
-          t.execute("UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? "
-                    "AND idem_key = ?",
-                    rid.scope, rid.key);
+          t.execute(
+              "UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? "
+              "AND idem_key = ?",
+              rid.scope, rid.key);
           return 1;
         },
         [&](const attempt&, int) { return ++rpcs; },
-        [](tx&, const attempt&, const outcome<int>&) { return response{200, {}, "ok"}; });
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{200, {}, "ok"};
+        });
     ADD_FAILURE() << "transaction 1 committed without its fenced Pre-RPC result";
   } catch (const error& e) {
     EXPECT_FALSE(e.retryable()) << e.what();
@@ -590,7 +593,9 @@ TEST_F(MysqlStore, LostConnectionDuringTheCommitThatStoresThePreRpcResultIsInDou
           return std::string("pre");
         },
         [](const attempt&, const std::string& p) { return p; },
-        [](tx&, const attempt&, const outcome<std::string>&) { return response{201, {}, "ok"}; });
+        [](tx&, const attempt&, const outcome<std::string>&) {
+          return response{201, {}, "ok"};
+        });
   };
   try {
     pay();
