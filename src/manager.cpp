@@ -2,8 +2,6 @@
 // whole story, the helpers below it are its steps.
 #include "orpheus/manager.hpp"
 
-#include <openssl/rand.h>
-
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -24,22 +22,6 @@ std::int64_t micros(std::chrono::milliseconds d) {
 
 lease_terms terms_of(const config& c) {
   return {micros(c.lease), micros(c.retry_window), micros(c.retention)};
-}
-
-// The fencing token of one attempt: 128 random bits. Unpredictable, so that
-// no other process can forge a token and record over this attempt.
-std::string new_owner_token() {
-  std::array<unsigned char, 16> bytes{};
-  if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
-    throw storage_error::transient("no randomness for a lease token");
-  }
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out;
-  for (const unsigned char b : bytes) {
-    out += digits[b >> 4];
-    out += digits[b & 0xF];
-  }
-  return out;
 }
 
 [[noreturn]] void throw_mismatch() {
@@ -207,8 +189,15 @@ class app_tx final : public tx {
   static void refuse_transaction_control(std::string_view sql) {
     const std::string head = first_words(sql);
     const std::string_view first = std::string_view(head).substr(0, head.find(' '));
-    std::string upper(sql);
-    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    // Upper-case the whole statement only for the few heads that need it:
+    // this runs on every statement a handler sends.
+    const bool needs_text =
+        first == "SET" || first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK";
+    std::string upper;
+    if (needs_text) {
+      upper.assign(sql);
+      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
     const auto mentions = [&](std::string_view word) {
       return upper.find(word) != std::string::npos;
     };
@@ -224,9 +213,9 @@ class app_tx final : public tx {
         first == "CREATE" || first == "ALTER" || first == "DROP" || first == "TRUNCATE" ||
         first == "RENAME" || first == "GRANT" || first == "REVOKE" || first == "FLUSH" ||
         // MySQL runs /*! ... */ comments as SQL: nothing above could see it.
-        mentions("/*!") ||
+        sql.find("/*!") != std::string_view::npos ||
         // The SQLite backend's own savepoint (group commit).
-        mentions("ORPHEUS_MEMBER");
+        (needs_text && mentions("ORPHEUS_MEMBER"));
     if (refused) {
       throw storage_error::permanent(
           "Pre-RPC and Post-RPC may not begin, end, lock or change the schema outside the "
@@ -291,7 +280,9 @@ response manager::run(const request_id& id, const detail::phases& p,
     // What transaction 1 leaves for the RPC: the attempt number, and the
     // Pre-RPC result loaded into the handler's type by p.load.
     int attempt_number = 0;
-    std::string owner = new_owner_token();
+    // The fencing token of this attempt: 128 random bits, so that no other
+    // process can forge it and record over this attempt.
+    std::string owner = random_token();
     std::optional<error_info> unreadable;  // a take-over that cannot go on
     try {
       auto t = store_.begin(id);

@@ -1,7 +1,10 @@
 #include "orpheus/request.hpp"
 
+#include <openssl/rand.h>
+
 #include <array>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "sha256.hpp"
 
@@ -52,6 +55,14 @@ void validate(const request_id& id) {
                           "fingerprint must be 64 lowercase hex characters "
                           "(SHA-256, see orpheus::fingerprint_of)");
   }
+}
+
+std::string random_token(std::size_t bytes) {
+  std::vector<unsigned char> b(bytes);
+  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
+    throw retryable_error("no_randomness", "no randomness for a token; retry later");
+  }
+  return hex(b.data(), b.size());
 }
 
 std::string fingerprint_of(std::string_view canonical) {

@@ -1,15 +1,12 @@
 // A payments service in front of a bank, made idempotent with Orpheus.
 // See --help.
-#include <sys/random.h>
 
-#include <cerrno>
 #include <condition_variable>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <system_error>
 #include <thread>
 
 #include "../common/flags.hpp"
@@ -226,29 +223,6 @@ payment parse_payment(const http_request& req) {
   }
   p.customer = j["customer"];
   return p;
-}
-
-// Payment ids from the kernel's random source (not a per-thread mt19937
-// seeded once, which repeats its sequence in a forked child).
-std::string random_hex(std::size_t n) {
-  std::vector<unsigned char> bytes((n + 1) / 2);
-  std::size_t got = 0;
-  while (got < bytes.size()) {
-    const auto r = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(), "getrandom");
-    }
-    got += static_cast<std::size_t>(r);
-  }
-  static constexpr char d[] = "0123456789abcdef";
-  std::string out;
-  for (const unsigned char b : bytes) {
-    out += d[b >> 4];
-    out += d[b & 0xF];
-  }
-  out.resize(n);
-  return out;
 }
 
 // ---- the bank, as an orpheus::payment::gateway ------------------------------
@@ -536,7 +510,7 @@ int main(int argc, char** argv) {
             [&store, client](orpheus::tx& tx, const http_request& r) {  // Pre-RPC
               payment p = parse_payment(r);
               // The payment id names its shard, so GET can find it.
-              p.id = "pay_" + std::to_string(tx.shard()) + "_" + random_hex(20);
+              p.id = "pay_" + std::to_string(tx.shard()) + "_" + orpheus::random_token(10);
               tx.execute(
                   "INSERT INTO payments (id, client, amount, currency, customer, state) "
                   "VALUES (?, ?, ?, ?, ?, 'pending')",

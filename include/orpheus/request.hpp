@@ -39,6 +39,12 @@ void validate(const request_id& id);
 /// SHA-256 of `canonical`, as 64 lowercase hex characters.
 [[nodiscard]] std::string fingerprint_of(std::string_view canonical);
 
+/// `bytes` random bytes from OpenSSL's CSPRNG (seeded by the kernel, safe
+/// across fork), as 2 * bytes lowercase hex characters: lease owner tokens,
+/// keys a server makes up, ids nobody may guess. Throws a retryable
+/// orpheus::error when no randomness can be had.
+[[nodiscard]] std::string random_token(std::size_t bytes = 16);
+
 /// A response as recorded and replayed: status, headers in order, body bytes.
 struct response {
   int status = 200;

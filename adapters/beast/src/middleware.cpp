@@ -1,12 +1,8 @@
 #include "orpheus/beast/middleware.hpp"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <boost/beast/http.hpp>
-#include <cerrno>
 #include <nlohmann/json.hpp>
-#include <system_error>
 
 #include "orpheus/log.hpp"
 
@@ -99,29 +95,6 @@ bool nested_deeper_than(std::string_view text, std::size_t limit) {
   return false;
 }
 
-// 128 bits from the kernel (getrandom) for every made-up key. Issue 7,
-// defect 14(b): a thread_local mt19937_64 seeded once from 32 bits is
-// predictable from a few outputs and repeats in a forked child.
-std::string random_token() {
-  unsigned char bytes[16];
-  std::size_t got = 0;
-  while (got < sizeof bytes) {
-    const auto n = ::getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(), "getrandom");
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out;
-  for (const unsigned char b : bytes) {
-    out += digits[b >> 4];
-    out += digits[b & 0xF];
-  }
-  return out;
-}
-
 std::string canonical_body(const http_request& req, std::size_t max_json_depth) {
   const auto type = lower(sv(req[http::field::content_type]));
   if (type.rfind("application/json", 0) == 0 && !nested_deeper_than(req.body(), max_json_depth)) {
@@ -193,7 +166,9 @@ std::variant<request_id, http_response> middleware::identify(const http_request&
   } else {
     // No key where none is required: no deduplication, as with any API. The
     // request runs once under a key of its own, which is not echoed.
-    key = "orpheus-unkeyed-" + random_token();
+    // 128 random bits per made-up key (issue 7.14(b): a thread_local
+    // mt19937_64 seeded once was predictable and repeated in a forked child).
+    key = "orpheus-unkeyed-" + orpheus::random_token();
   }
   // Before anything parses the body, here on the io thread.
   if (is_json(req) && nested_deeper_than(req.body(), options_.max_json_depth)) {
