@@ -19,31 +19,35 @@ single_writer::single_writer(const sqlite_options& o)
       max_batch_age_(o.max_batch_age),
       conn_(std::make_unique<connection>(o)) {}
 
-std::uint64_t single_writer::take_turn(std::unique_lock<std::mutex>& lock) {
-  const std::uint64_t ticket = next_ticket_++;
-  const auto until = clock::now() + busy_timeout_;
-  while (serving_ != ticket) {
-    if (changed_.wait_until(lock, until) == std::cv_status::timeout && serving_ != ticket) {
-      abandoned_.insert(ticket);
-      throw storage_error::transient("sqlite: waited busy_timeout for the writer connection (" +
-                                     std::to_string(next_ticket_ - serving_) + " in line)");
-    }
+void single_writer::take_turn(std::unique_lock<std::mutex>& lock) {
+  if (!taken_ && line_.empty()) {
+    taken_ = true;
+    return;
   }
-  return ticket;
+  waiter me;
+  line_.push_back(&me);
+  if (!me.cv.wait_for(lock, busy_timeout_, [&] { return me.granted; })) {
+    std::erase(line_, &me);
+    throw storage_error::transient("sqlite: waited busy_timeout for the writer connection (" +
+                                   std::to_string(line_.size() + 1) + " in line)");
+  }
 }
 
+// Hands the connection to the next in line, or frees it. Notifies under the
+// lock: the waiter lives on its own stack and may leave as soon as it sees
+// `granted`.
 void single_writer::pass_turn(std::unique_lock<std::mutex>&) {
-  ++serving_;
-  while (abandoned_.erase(serving_) > 0) ++serving_;
-  changed_.notify_all();
+  if (line_.empty()) {
+    taken_ = false;
+    return;
+  }
+  waiter* next = line_.front();
+  line_.pop_front();
+  next->granted = true;
+  next->cv.notify_one();
 }
 
-bool single_writer::has_waiter(std::unique_lock<std::mutex>&) const {
-  for (std::uint64_t t = serving_ + 1; t < next_ticket_; ++t) {
-    if (abandoned_.count(t) == 0) return true;
-  }
-  return false;
-}
+bool single_writer::has_waiter(std::unique_lock<std::mutex>&) const { return !line_.empty(); }
 
 std::uint64_t single_writer::enter() {
   std::unique_lock lock(m_);
@@ -122,7 +126,7 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
   // 2. Wait until the batch is durable (or failed). Bounded: a member that
   // holds the connection forever must not hold every earlier one; past the
   // bound the outcome is unknown, which is what in doubt means.
-  const bool done = changed_.wait_for(lock, busy_timeout_, [&] { return finished_ >= batch; });
+  const bool done = batch_done_.wait_for(lock, busy_timeout_, [&] { return finished_ >= batch; });
   if (!keep) return;
   if (own_failure) throw *own_failure;
   if (!done) {
@@ -163,7 +167,7 @@ void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t ba
     failed_.insert_or_assign(batch, std::move(*failure));
     while (failed_.size() > failures_kept) failed_.erase(failed_.begin());
   }
-  changed_.notify_all();
+  batch_done_.notify_all();
 }
 
 void single_writer::exclusively(const std::function<void(connection&)>& f) {
@@ -185,8 +189,7 @@ void single_writer::exclusively(const std::function<void(connection&)>& f) {
 sqlite_writer_stats single_writer::stats() {
   std::unique_lock lock(m_);
   sqlite_writer_stats out = stats_;
-  for (std::uint64_t t = serving_ + 1; t < next_ticket_; ++t)
-    out.waiting += abandoned_.count(t) == 0;
+  out.waiting = line_.size();
   return out;
 }
 

@@ -32,12 +32,12 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 
 #include "connection.hpp"
 
@@ -66,7 +66,7 @@ class single_writer {
  private:
   using clock = std::chrono::steady_clock;
 
-  std::uint64_t take_turn(std::unique_lock<std::mutex>& lock);
+  void take_turn(std::unique_lock<std::mutex>& lock);
   void pass_turn(std::unique_lock<std::mutex>& lock);
   [[nodiscard]] bool has_waiter(std::unique_lock<std::mutex>& lock) const;
   void commit_batch(std::unique_lock<std::mutex>& lock);
@@ -79,12 +79,19 @@ class single_writer {
   std::unique_ptr<connection> conn_;
 
   std::mutex m_;
-  std::condition_variable changed_;  // a turn passed or a batch finished
-  // The queue: tickets served in order; a waiter that gave up leaves its
-  // ticket in `abandoned_`, skipped when its turn comes.
-  std::uint64_t next_ticket_ = 0;
-  std::uint64_t serving_ = 0;
-  std::set<std::uint64_t> abandoned_;
+  // The queue: one waiter per thread waiting for its turn, served in order,
+  // each woken alone (no herd: a pass wakes exactly the next one). A waiter
+  // that gave up takes itself out.
+  struct waiter {
+    std::condition_variable cv;
+    bool granted = false;
+  };
+  std::deque<waiter*> line_;
+  bool taken_ = false;  // a member (or exclusively()) has the connection
+  // Members wait here for their batch to finish. Only one batch at a time
+  // has members waiting (the next one opens after it finished), so a batch's
+  // end wakes its own members only.
+  std::condition_variable batch_done_;
   // The batch: open between its BEGIN and its COMMIT.
   bool batch_open_ = false;
   std::uint64_t batch_ = 0;     // the open (or last) batch
