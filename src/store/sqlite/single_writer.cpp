@@ -1,5 +1,6 @@
 #include "single_writer.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace orpheus::sqlite_detail {
@@ -19,32 +20,55 @@ single_writer::single_writer(const sqlite_options& o)
       max_batch_age_(o.max_batch_age),
       conn_(std::make_unique<connection>(o)) {}
 
+bool single_writer::parker::sleep_until(clock::time_point until) {
+  std::unique_lock lock(m);
+  return cv.wait_until(lock, until, [&] { return woken; });
+}
+
+void single_writer::parker::wake() {
+  {
+    const std::lock_guard lock(m);
+    woken = true;
+  }
+  cv.notify_one();
+}
+
 void single_writer::take_turn(std::unique_lock<std::mutex>& lock) {
   if (!taken_ && line_.empty()) {
     taken_ = true;
     return;
   }
-  waiter me;
-  line_.push_back(&me);
-  if (!me.cv.wait_for(lock, busy_timeout_, [&] { return me.granted; })) {
-    std::erase(line_, &me);
+  auto me = std::make_shared<parker>();
+  line_.push_back(me);
+  const auto until = clock::now() + busy_timeout_;
+  lock.unlock();
+  me->sleep_until(until);
+  lock.lock();
+  // Off the line means given the connection, even if the wake-up came after
+  // the deadline; still on it means nobody gave it: leave the line.
+  if (const auto it = std::find(line_.begin(), line_.end(), me); it != line_.end()) {
+    line_.erase(it);
     throw storage_error::transient("sqlite: waited busy_timeout for the writer connection (" +
-                                   std::to_string(line_.size() + 1) + " in line)");
+                                   std::to_string(line_.size() + 1) + " waiting)");
   }
 }
 
-// Hands the connection to the next in line, or frees it. Notifies under the
-// lock: the waiter lives on its own stack and may leave as soon as it sees
-// `granted`.
+// Gives the connection to the next in line (woken by wake_and_unlock), or
+// frees it.
 void single_writer::pass_turn(std::unique_lock<std::mutex>&) {
   if (line_.empty()) {
     taken_ = false;
     return;
   }
-  waiter* next = line_.front();
+  to_wake_.push_back(std::move(line_.front()));
   line_.pop_front();
-  next->granted = true;
-  next->cv.notify_one();
+}
+
+void single_writer::wake_and_unlock(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::shared_ptr<parker>> now;
+  now.swap(to_wake_);
+  lock.unlock();
+  for (const auto& p : now) p->wake();
 }
 
 bool single_writer::has_waiter(std::unique_lock<std::mutex>&) const { return !line_.empty(); }
@@ -79,6 +103,7 @@ std::uint64_t single_writer::enter() {
     // someone: the next member, or this one now.
     if (batch_open_ && !has_waiter(lock)) commit_batch(lock);
     pass_turn(lock);
+    wake_and_unlock(lock);
     throw;
   }
 }
@@ -126,7 +151,19 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
   // 2. Wait until the batch is durable (or failed). Bounded: a member that
   // holds the connection forever must not hold every earlier one; past the
   // bound the outcome is unknown, which is what in doubt means.
-  const bool done = batch_done_.wait_for(lock, busy_timeout_, [&] { return finished_ >= batch; });
+  const auto until = clock::now() + busy_timeout_;
+  while (finished_ < batch && clock::now() < until) {
+    auto me = std::make_shared<parker>();
+    batch_waiters_.push_back(me);
+    wake_and_unlock(lock);
+    me->sleep_until(until);
+    lock.lock();
+    std::erase(batch_waiters_, me);  // gone already if the batch finished
+  }
+  const bool done = finished_ >= batch;
+  std::optional<storage_error> batch_failure;
+  if (const auto f = failed_.find(batch); done && f != failed_.end()) batch_failure = f->second;
+  wake_and_unlock(lock);
   if (!keep) return;
   if (own_failure) throw *own_failure;
   if (!done) {
@@ -134,7 +171,7 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
         "sqlite: the batch holding this commit did not finish within busy_timeout",
         /*in_doubt=*/true);
   }
-  if (const auto f = failed_.find(batch); f != failed_.end()) throw f->second;
+  if (batch_failure) throw *batch_failure;
 }
 
 void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
@@ -167,7 +204,8 @@ void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t ba
     failed_.insert_or_assign(batch, std::move(*failure));
     while (failed_.size() > failures_kept) failed_.erase(failed_.begin());
   }
-  batch_done_.notify_all();
+  for (auto& p : batch_waiters_) to_wake_.push_back(std::move(p));
+  batch_waiters_.clear();
 }
 
 void single_writer::exclusively(const std::function<void(connection&)>& f) {
@@ -181,9 +219,11 @@ void single_writer::exclusively(const std::function<void(connection&)>& f) {
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
     pass_turn(lock);
+    wake_and_unlock(lock);
     throw;
   }
   pass_turn(lock);
+  wake_and_unlock(lock);
 }
 
 sqlite_writer_stats single_writer::stats() {

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "connection.hpp"
 
@@ -66,12 +67,28 @@ class single_writer {
  private:
   using clock = std::chrono::steady_clock;
 
+  // A sleeping thread and the flag that wakes it, under a lock of its own:
+  // its waker wakes it after releasing m_, so that the woken thread does not
+  // run straight into m_ still held by its waker (on one CPU, two more
+  // context switches per wake-up). Shared: the waker may still hold it when
+  // the sleeper has given up and gone.
+  struct parker {
+    std::mutex m;
+    std::condition_variable cv;
+    bool woken = false;
+    /// False when `until` passed first.
+    bool sleep_until(clock::time_point until);
+    void wake();
+  };
+
   void take_turn(std::unique_lock<std::mutex>& lock);
   void pass_turn(std::unique_lock<std::mutex>& lock);
   [[nodiscard]] bool has_waiter(std::unique_lock<std::mutex>& lock) const;
   void commit_batch(std::unique_lock<std::mutex>& lock);
   void finish_batch(std::unique_lock<std::mutex>& lock, std::uint64_t batch,
                     std::optional<storage_error> failure);
+  /// Unlocks, then wakes everyone pass_turn() and finish_batch() chose.
+  void wake_and_unlock(std::unique_lock<std::mutex>& lock);
 
   const std::chrono::milliseconds busy_timeout_;
   const std::size_t max_batch_;
@@ -79,19 +96,17 @@ class single_writer {
   std::unique_ptr<connection> conn_;
 
   std::mutex m_;
-  // The queue: one waiter per thread waiting for its turn, served in order,
-  // each woken alone (no herd: a pass wakes exactly the next one). A waiter
-  // that gave up takes itself out.
-  struct waiter {
-    std::condition_variable cv;
-    bool granted = false;
-  };
-  std::deque<waiter*> line_;
+  // The line: one parker per thread waiting for its turn, served in order,
+  // each woken alone (a pass wakes exactly the next one). Being taken off the
+  // line by pass_turn() is being given the connection; a waiter that gave up
+  // takes itself off.
+  std::deque<std::shared_ptr<parker>> line_;
   bool taken_ = false;  // a member (or exclusively()) has the connection
-  // Members wait here for their batch to finish. Only one batch at a time
-  // has members waiting (the next one opens after it finished), so a batch's
-  // end wakes its own members only.
-  std::condition_variable batch_done_;
+  // Members waiting for the open batch to finish. Only one batch at a time
+  // has members waiting (the next one opens after it finished), so a
+  // batch's end wakes its own members only.
+  std::vector<std::shared_ptr<parker>> batch_waiters_;
+  std::vector<std::shared_ptr<parker>> to_wake_;  // once m_ is released
   // The batch: open between its BEGIN and its COMMIT.
   bool batch_open_ = false;
   std::uint64_t batch_ = 0;     // the open (or last) batch
