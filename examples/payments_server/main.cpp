@@ -37,7 +37,11 @@ Usage: payments_server --bank URL [flags]
   --rpc-timeout-ms N    deadline of the bank call, < lease (default 5000)
   --wait-ms N           wait this long for a concurrent attempt on the same key
                         instead of answering 409 at once (default 0)
-  --workers N           threads for database and bank work (default 8)
+  --workers N           threads for database and bank work (default 32): a
+                        payment holds one while it waits for its commit or
+                        the bank, and on SQLite the commits of the payments
+                        waiting at once share one fsync, so more of them
+                        make fewer, larger commits
   --queue N             requests queued for them before 503 (default 256)
   --max-connections N   connections served at once; more wait in the listen
                         backlog (default 1024; keep it under `ulimit -n`)
@@ -435,7 +439,7 @@ int main(int argc, char** argv) {
   cfg.lease = std::chrono::milliseconds(f.num("lease-ms", 10000));
   cfg.rpc_timeout = std::chrono::milliseconds(f.num("rpc-timeout-ms", 5000));
   const auto wait = std::chrono::milliseconds(f.num("wait-ms", 0));
-  const long workers = f.num("workers", 8);
+  const long workers = f.num("workers", 32);
   const long queue = f.num("queue", 256);
   const long max_connections = f.num("max-connections", 1024);
   const long idle_timeout = f.num("idle-timeout-ms", 60000);
