@@ -16,6 +16,7 @@
 
 #include "orpheus/manager.hpp"
 #include "orpheus/store/sqlite.hpp"
+#include "single_writer.hpp"  // src/store/sqlite: the writer itself
 #include "support/backends.hpp"
 
 namespace orpheus {
@@ -238,6 +239,36 @@ TEST(SqliteStore, AWriterThatGaveUpWaitingIsPassedOver) {
     return 0;
   });
   EXPECT_TRUE(row_exists(*s, "c"));
+}
+
+// A batch handed to exclusively() (migrations) is committed first; its
+// members must be told then, not when exclusively()'s work ends. Found in
+// review: the wake-up waited for the work. Here the work waits for the
+// member (bounded), so the bug shows as that wait running out.
+TEST(SqliteStore, MembersOfABatchCommittedByExclusivelyAreWokenBeforeItsWork) {
+  sqlite_detail::single_writer w(sqlite_options{.path = fresh_path(),
+                                                .busy_timeout = std::chrono::minutes(2),
+                                                .max_batch_age = std::chrono::minutes(10)});
+  w.exclusively([](sqlite_detail::connection& c) { c.exec("CREATE TABLE r (id INTEGER)"); });
+  const auto batch = w.enter();
+  w.conn().exec("INSERT INTO r (id) VALUES (1)");
+  std::promise<void> member_back;
+  auto exclusive = std::async(std::launch::async, [&] {
+    bool member_was_back = false;
+    w.exclusively([&](sqlite_detail::connection&) {
+      member_was_back =
+          member_back.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    });
+    return member_was_back;
+  });
+  for (int i = 0; i < 60'000 && w.stats().waiting == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(w.stats().waiting, 1U);
+  within(std::chrono::seconds(120), [&] {
+    w.leave(batch, /*keep=*/true);  // hands the batch on to exclusively()
+    member_back.set_value();
+    EXPECT_TRUE(exclusive.get()) << "the member was not woken until exclusively()'s work ended";
+    return 0;
+  });
 }
 
 // With max_batch 1 every transaction commits on its own (the behaviour

@@ -213,7 +213,7 @@ void single_writer::exclusively(const std::function<void(connection&)>& f) {
   take_turn(lock);
   try {
     if (batch_open_) commit_batch(lock);  // handed an open batch: finish it first
-    lock.unlock();
+    wake_and_unlock(lock);                // its members, before f runs
     f(*conn_);
     lock.lock();
   } catch (...) {
