@@ -450,18 +450,20 @@ response manager::run(const request_id& id, const detail::phases& p,
       }
       if (!fenced) {
         t->rollback();
-        log(log_level::warning, "scope " + id.scope + " key " + id.key +
-                                    ": lease lost before recording; attempt " +
-                                    std::to_string(a.number()) + " not recorded");
-        throw error(error_info{409, std::string(codes::lease_lost),
-                               "this attempt's lease expired and was taken "
-                               "over; its result was not recorded",
-                               true, false, std::chrono::milliseconds(1000)});
+        throw storage_error::lease_lost("the fenced write of attempt " +
+                                        std::to_string(a.number()) + " matched no lease");
       }
-      t->commit();
+      t->commit();  // may throw lease_lost too: a backend that fences in its COMMIT
       if (failure && failure->retryable) throw error(*failure);
       return r;
     } catch (const storage_error& e) {
+      if (e.code() == codes::lease_lost) {
+        // Nothing was recorded; the lease is another attempt's now.
+        log(log_level::warning, "scope " + id.scope + " key " + id.key +
+                                    ": lease lost before recording; attempt " +
+                                    std::to_string(a.number()) + " not recorded");
+        throw;
+      }
       // An in-doubt RPC keeps its lease to its deadline (see hold_until):
       // releasing it here would let a retry overlap the call downstream.
       if (!(failure && failure->in_doubt)) release_quietly(store_, id, owner, e.what());

@@ -138,6 +138,15 @@ class storage_error : public error {
                  : "the database is unavailable; retry later",
         true, in_doubt, std::chrono::milliseconds(1000), std::move(detail)});
   }
+  /// A fenced write found that this attempt no longer holds its lease (it
+  /// expired and another attempt took it over); nothing was committed. A
+  /// backend that checks the fence inside its COMMIT reports it this way.
+  static storage_error lease_lost(std::string detail) {
+    return storage_error(
+        error_info{409, std::string(codes::lease_lost),
+                   "this attempt's lease expired and was taken over; its result was not recorded",
+                   true, false, std::chrono::milliseconds(1000), std::move(detail)});
+  }
   /// A failure that retrying will not fix (bad SQL, missing table). `detail`
   /// is internal, as for transient().
   static storage_error permanent(std::string detail) {

@@ -85,6 +85,10 @@ class store_tx : public tx {
                           const lease_terms& terms) = 0;
   /// Records a terminal state and its response, releasing the lease. Fenced:
   /// returns false, changing nothing, when `owner` no longer holds the lease.
+  /// A backend may send it with the commit() that follows (MySQL on MariaDB:
+  /// one round trip fewer); it then returns true, and a failed fence makes
+  /// that commit() throw storage_error::lease_lost without committing
+  /// anything.
   virtual bool finish(const request_id& id, std::string_view owner, record_state final_state,
                       const response& r, std::string_view last_error, const lease_terms& terms) = 0;
   /// Marks the record retryable and releases the lease. Fenced like finish().

@@ -615,5 +615,83 @@ TEST_F(MysqlStore, LostConnectionDuringTheCommitThatStoresThePreRpcResultIsInDou
   EXPECT_TRUE(pay().replayed);
 }
 
+// Issue 8 item 3, the same for transaction 2: on MariaDB the final record is
+// stored by the statement that commits. When the lease is no longer this
+// attempt's, the block stops before its COMMIT: 409 lease_lost, nothing of
+// Post-RPC or of the record committed.
+TEST_F(MysqlStore, FinishSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenceFails) {
+  manager m(*store_);
+  const auto rid = id("finish-fence");
+  try {
+    m.process(
+        rid, [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+        [&](tx& t, const attempt&, const outcome<int>&) {
+          t.execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'post')",
+                    scope_ + "/finish-fence");
+          // The lease is another attempt's by the time the record is written.
+          t.execute(
+              "UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? "
+              "AND idem_key = ?",
+              rid.scope, rid.key);
+          return response{200, {}, "ok"};
+        });
+    ADD_FAILURE() << "transaction 2 committed without its fenced record";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::lease_lost) << e.what();
+    EXPECT_EQ(e.http_status(), 409);
+    EXPECT_TRUE(e.retryable());
+    EXPECT_FALSE(e.in_doubt()) << "the fence stops the block before its COMMIT";
+  }
+  const auto rec = store_->inspect(rid);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, record_state::in_progress) << "transaction 2 committed something";
+  EXPECT_NE(rec->lease_owner, std::string(32, '0')) << "Post-RPC's tampering was committed";
+  EXPECT_FALSE(handler_row_exists(scope_ + "/finish-fence")) << "Post-RPC's row was committed";
+}
+
+// A connection lost while the statement that records the result and commits
+// is running: in doubt, and the key stays open for a retry to finish.
+TEST_F(MysqlStore, LostConnectionDuringTheCommitThatRecordsTheResultIsInDoubt) {
+  test::forwarding_store s(*store_);
+  std::int64_t victim = 0;
+  s.before_commit = [&](int tx_number, store_tx&) {
+    if (tx_number != 1) return;  // transaction 2 only
+    mysql_store killer(options_for_test());
+    auto t = killer.begin_on_shard(0);
+    t->execute("KILL CONNECTION " + std::to_string(victim));
+    t->commit();
+  };
+  manager m(s);
+  const auto rid = id("in-doubt-2");
+  int rpcs = 0;
+  auto pay = [&] {
+    return m.process(
+        rid, [](tx&) { return std::string("pre"); },
+        [&](const attempt&, const std::string& p) {
+          ++rpcs;
+          return p;
+        },
+        [&](tx& t, const attempt&, const outcome<std::string>&) {
+          victim = t.query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0);
+          return response{201, {}, "ok"};
+        });
+  };
+  try {
+    pay();
+    ADD_FAILURE() << "a commit without an answer was reported as success";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_TRUE(e.in_doubt()) << e.what();
+  }
+  const auto open = store_->inspect(rid);
+  ASSERT_TRUE(open);
+  EXPECT_FALSE(is_terminal(open->state)) << "the killed commit recorded a result";
+  s.before_commit = nullptr;
+  const auto r = pay();  // a retry finishes the key
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(rpcs, 2);
+  EXPECT_TRUE(pay().replayed);
+}
+
 }  // namespace
 }  // namespace orpheus

@@ -492,6 +492,7 @@ class mysql_tx final : public store_tx {
   auto run(std::string_view what, F&& f) {
     if (!poisoned_.empty()) throw refusal();
     if (pending_pre_state_) flush_pre_state();
+    if (pending_finish_) flush_finish();
     try {
       return conn_.guarded(what, std::forward<F>(f));
     } catch (const storage_error& e) {
@@ -569,17 +570,31 @@ class mysql_tx final : public store_tx {
             owner, t.lease_us, attempts, id.scope, id.key);
   }
 
+  // On MariaDB the final record travels with the COMMIT that follows it, as
+  // the Pre-RPC result does (see save_pre_state): the manager commits right
+  // after finishing. A failed fence stops the block before its COMMIT, and
+  // commit() throws storage_error::lease_lost: what a false return causes.
   bool finish(const request_id& id, std::string_view owner, record_state s, const response& r,
               std::string_view last_error, const lease_terms& t) override {
+    if (!poisoned_.empty()) throw refusal();
+    if (pending_pre_state_) flush_pre_state();
+    if (pending_finish_) flush_finish();
     const std::string headers =
         nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    return execute(
-               "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
-               "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
-               "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
-               " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
-               static_cast<int>(s), r.status, headers, r.body, last_error, t.retention_us, id.scope,
-               id.key, owner) == 1;
+    std::vector<sql_value> params{std::int64_t{static_cast<int>(s)},
+                                  std::int64_t{r.status},
+                                  headers,
+                                  r.body,
+                                  std::string(last_error),
+                                  std::int64_t{t.retention_us},
+                                  id.scope,
+                                  id.key,
+                                  std::string(owner)};
+    if (conn_->compound_statements()) {
+      pending_finish_ = std::move(params);
+      return true;
+    }
+    return execute_values(finish_sql, params) == 1;
   }
 
   bool release(const request_id& id, std::string_view owner, std::string_view why) override {
@@ -598,27 +613,40 @@ class mysql_tx final : public store_tx {
     done_ = true;
     std::optional<pending_pre_state> pre = std::move(pending_pre_state_);
     pending_pre_state_.reset();
+    std::optional<std::vector<sql_value>> fin = std::move(pending_finish_);
+    pending_finish_.reset();
     try {
       conn_.guarded(
           "commit",
           [&](connection& c) {
-            if (!pre) {
+            // Either fails, like COMMIT, in doubt when the connection dies in it.
+            if (pre) {
+              auto& ps = c.prepare(save_pre_state_and_commit);
+              const sql_value p[] = {pre->json, pre->scope, pre->key, pre->owner};
+              bind(ps, std::span<const sql_value>(p));
+              ps.execute();
+            } else if (fin) {
+              auto& ps = c.prepare(finish_and_commit);
+              bind(ps, std::span<const sql_value>(*fin));
+              ps.execute();
+            } else {
               c.exec("COMMIT");
-              return;
             }
-            // Fails, like COMMIT, in doubt when the connection dies in it.
-            auto& ps = c.prepare(save_pre_state_and_commit);
-            const sql_value p[] = {pre->json, pre->scope, pre->key, pre->owner};
-            bind(ps, std::span<const sql_value>(p));
-            ps.execute();
           },
           /*in_commit=*/true);
     } catch (const storage_error&) {
       // Whatever the error, the session may still be inside the transaction:
       // never lend this connection to another request.
       conn_.mark_broken();
-      // The fence stopped the block before its COMMIT: nothing committed.
-      if (pre && conn_.last_error_code() == signal_exception) throw lease_row_vanished();
+      // The fence stopped the block before its COMMIT: nothing committed
+      // (the discarded connection's transaction is rolled back).
+      if (conn_.last_error_code() == signal_exception) {
+        if (pre) throw lease_row_vanished();
+        if (fin) {
+          throw storage_error::lease_lost(
+              "mysql: the fenced finish found another owner's lease; nothing committed");
+        }
+      }
       throw;
     } catch (...) {
       conn_.mark_broken();
@@ -628,6 +656,7 @@ class mysql_tx final : public store_tx {
 
   void rollback() noexcept override {
     pending_pre_state_.reset();
+    pending_finish_.reset();
     if (done_) return;
     done_ = true;
     if (conn_.broken()) return;  // discarded anyway; the server rolls it back
@@ -655,6 +684,23 @@ class mysql_tx final : public store_tx {
       "COMMIT; "
       "END";
 
+  static constexpr const char* finish_and_commit =
+      "BEGIN NOT ATOMIC "
+      "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
+      "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
+      "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
+      " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1; "
+      "IF ROW_COUNT() <> 1 THEN "
+      "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'orpheus: lease lost'; "
+      "END IF; "
+      "COMMIT; "
+      "END";
+  static constexpr const char* finish_sql =
+      "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
+      "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
+      "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
+      " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1";
+
   static storage_error lease_row_vanished() {
     return storage_error::permanent("lease row vanished inside its own transaction");
   }
@@ -674,10 +720,22 @@ class mysql_tx final : public store_tx {
     if (!store_pre_state(pre.scope, pre.key, pre.owner, pre.json)) throw lease_row_vanished();
   }
 
+  /// Sends a deferred finish() before another statement: a failed fence
+  /// throws lease_lost, as commit() would have.
+  void flush_finish() {
+    const std::vector<sql_value> params = std::move(*pending_finish_);
+    pending_finish_.reset();
+    if (execute_values(finish_sql, params) != 1) {
+      throw storage_error::lease_lost(
+          "mysql: the fenced finish found another owner's lease; nothing committed");
+    }
+  }
+
   borrowed conn_;
   std::size_t shard_;
   bool done_ = false;
   std::optional<pending_pre_state> pending_pre_state_;
+  std::optional<std::vector<sql_value>> pending_finish_;  ///< finish()'s parameters
   std::string poisoned_;  ///< the error that ended the transaction, if any
 };
 
