@@ -649,6 +649,58 @@ TEST_F(MysqlStore, FinishSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenceF
   EXPECT_FALSE(handler_row_exists(scope_ + "/finish-fence")) << "Post-RPC's row was committed";
 }
 
+// The deferral itself, at the store seam: on MariaDB finish() and
+// save_pre_state() answer true without a round trip and the fence is checked
+// by the commit (the tests above pass either way; this one shows the
+// compound statements are what runs). And a deferred finish followed by
+// another deferrable write is sent first, never dropped.
+TEST_F(MysqlStore, OnMariaDbTheFencedWritesRideOnTheCommit) {
+  const lease_terms terms{10'000'000, 60'000'000, 60'000'000};
+  const std::string owner(32, 'a');
+  const auto rid = id("deferred");
+  {
+    auto t = store_->begin(rid);
+    ASSERT_TRUE(t->insert(rid, owner, terms));
+    t->commit();
+  }
+  auto tamper = [&](store_tx& t) {
+    t.execute(
+        "UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? AND "
+        "idem_key = ?",
+        rid.scope, rid.key);
+  };
+  {
+    auto t = store_->begin(rid);
+    tamper(*t);
+    EXPECT_TRUE(t->finish(rid, owner, record_state::succeeded, response{200, {}, "x"}, {}, terms))
+        << "finish() went to the server on its own";
+    try {
+      t->commit();
+      ADD_FAILURE() << "the commit ignored the failed fence";
+    } catch (const storage_error& e) {
+      EXPECT_EQ(e.code(), codes::lease_lost) << e.what();
+      EXPECT_FALSE(e.in_doubt());
+    }
+  }
+  {
+    auto t = store_->begin(rid);
+    tamper(*t);
+    EXPECT_TRUE(t->save_pre_state(rid, owner, "1")) << "save_pre_state() went on its own";
+    EXPECT_THROW(t->commit(), storage_error);
+  }
+  EXPECT_EQ(store_->inspect(rid)->lease_owner, owner) << "a failed fence committed";
+  {
+    // finish, then save_pre_state: the finish is sent before, not lost.
+    auto t = store_->begin(rid);
+    EXPECT_TRUE(t->finish(rid, owner, record_state::succeeded, response{200, {}, "x"}, {}, terms));
+    EXPECT_TRUE(t->save_pre_state(rid, owner, "1"));
+    // The finish ran first, so the pre-state's fence (state 1) fails and
+    // nothing commits; had the finish been dropped, this commit would succeed.
+    EXPECT_THROW(t->commit(), storage_error) << "the deferred finish was dropped";
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::in_progress);
+}
+
 // A connection lost while the statement that records the result and commits
 // is running: in doubt, and the key stays open for a retry to finish.
 TEST_F(MysqlStore, LostConnectionDuringTheCommitThatRecordsTheResultIsInDoubt) {

@@ -556,6 +556,8 @@ class mysql_tx final : public store_tx {
   bool save_pre_state(const request_id& id, std::string_view owner,
                       std::string_view json) override {
     if (!poisoned_.empty()) throw refusal();
+    if (pending_pre_state_) flush_pre_state();
+    if (pending_finish_) flush_finish();  // at most one thing rides on the COMMIT
     if (conn_->compound_statements()) {
       pending_pre_state_ = {std::string(json), id.scope, id.key, std::string(owner)};
       return true;
