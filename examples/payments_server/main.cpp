@@ -37,11 +37,13 @@ Usage: payments_server --bank URL [flags]
   --rpc-timeout-ms N    deadline of the bank call, < lease (default 5000)
   --wait-ms N           wait this long for a concurrent attempt on the same key
                         instead of answering 409 at once (default 0)
-  --workers N           threads for database and bank work (default 32): a
-                        payment holds one while it waits for its commit or
-                        the bank, and on SQLite the commits of the payments
-                        waiting at once share one fsync, so more of them
-                        make fewer, larger commits
+  --workers N           threads for database and bank work (default 32 on
+                        SQLite, 8 on MySQL). A payment holds one while it
+                        waits for its commit or the bank; on SQLite the
+                        commits of the payments waiting at once share one
+                        fsync, so more make fewer, larger commits; on MySQL
+                        the server groups commits itself, and more workers
+                        only wait for the pooled connections
   --queue N             requests queued for them before 503 (default 256)
   --max-connections N   connections served at once; more wait in the listen
                         backlog (default 1024; keep it under `ulimit -n`)
@@ -357,7 +359,8 @@ class inproc_bank final : public orpheus::payment::gateway {
   long charges_ = 0;
 };
 
-std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& specs) {
+// The --store flags, one entry per shard (commas split too).
+std::vector<std::string> store_parts(const std::vector<std::string>& specs) {
   std::vector<std::string> parts;
   for (const auto& s : specs) {
     std::stringstream ss(s);
@@ -366,7 +369,15 @@ std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& specs
     }
   }
   if (parts.empty()) parts.push_back("sqlite:payments.db");
-  if (parts.size() == 1 && parts[0].rfind("sqlite:", 0) == 0) {
+  return parts;
+}
+
+bool is_sqlite(const std::vector<std::string>& parts) {
+  return parts.size() == 1 && parts[0].rfind("sqlite:", 0) == 0;
+}
+
+std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts) {
+  if (is_sqlite(parts)) {
     return std::make_unique<orpheus::sqlite_store>(orpheus::sqlite_options{parts[0].substr(7)});
   }
   orpheus::mysql_options o;
@@ -433,13 +444,13 @@ class purger {
 int main(int argc, char** argv) {
   examples::flags f(argc, argv, usage);
   const long port = f.num("port", 0);
-  const auto store_specs = f.all("store");
+  const auto store_specs = store_parts(f.all("store"));
   const std::string bank_url = f.str("bank", "");
   orpheus::config cfg;
   cfg.lease = std::chrono::milliseconds(f.num("lease-ms", 10000));
   cfg.rpc_timeout = std::chrono::milliseconds(f.num("rpc-timeout-ms", 5000));
   const auto wait = std::chrono::milliseconds(f.num("wait-ms", 0));
-  const long workers = f.num("workers", 32);
+  const long workers = f.num("workers", is_sqlite(store_specs) ? 32 : 8);
   const long queue = f.num("queue", 256);
   const long max_connections = f.num("max-connections", 1024);
   const long idle_timeout = f.num("idle-timeout-ms", 60000);
