@@ -690,22 +690,22 @@ class mysql_tx final : public store_tx {
       "COMMIT; "
       "END";
 
+// finish()'s fenced UPDATE, alone (MySQL 8) or riding on the COMMIT (MariaDB).
+#define ORPHEUS_FINISH_UPDATE                                                 \
+  "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, " \
+  "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "             \
+  "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW               \
+  " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1"
+  static constexpr const char* finish_sql = ORPHEUS_FINISH_UPDATE;
   static constexpr const char* finish_and_commit =
-      "BEGIN NOT ATOMIC "
-      "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
-      "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
-      "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
-      " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1; "
+      "BEGIN NOT ATOMIC " ORPHEUS_FINISH_UPDATE
+      "; "
       "IF ROW_COUNT() <> 1 THEN "
       "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'orpheus: lease lost'; "
       "END IF; "
       "COMMIT; "
       "END";
-  static constexpr const char* finish_sql =
-      "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
-      "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
-      "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
-      " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1";
+#undef ORPHEUS_FINISH_UPDATE
 
   static storage_error lease_row_vanished() {
     return storage_error::permanent("lease row vanished inside its own transaction");
