@@ -495,8 +495,7 @@ class mysql_tx final : public store_tx {
   template <class F>
   auto run(std::string_view what, F&& f) {
     if (!poisoned_.empty()) throw refusal();
-    if (pending_pre_state_) flush_pre_state();
-    if (pending_finish_) flush_finish();
+    send_deferred();  // statements keep their order
     try {
       return conn_.guarded(what, std::forward<F>(f));
     } catch (const storage_error& e) {
@@ -550,23 +549,11 @@ class mysql_tx final : public store_tx {
     return detail::record_from_row(rows.front(), true);
   }
 
-  // On MariaDB the Pre-RPC result travels with the COMMIT that follows it:
-  // one round trip instead of two for every new key (the manager commits
-  // right after saving). It is still fenced, before the COMMIT and in the same
-  // statement: if the row is not this owner's in-progress lease the block
-  // signals and stops, nothing commits, and commit() throws what a false
-  // return would have caused. Any other statement first sends it on its own,
-  // so statements keep their order; a rollback drops it.
   bool save_pre_state(const request_id& id, std::string_view owner,
                       std::string_view json) override {
-    if (!poisoned_.empty()) throw refusal();
-    if (pending_pre_state_) flush_pre_state();
-    if (pending_finish_) flush_finish();  // at most one thing rides on the COMMIT
-    if (conn_->compound_statements()) {
-      pending_pre_state_ = {std::string(json), id.scope, id.key, std::string(owner)};
-      return true;
-    }
-    return store_pre_state(id.scope, id.key, owner, json);
+    return fenced({pre_state_sql, pre_state_and_commit,
+                   std::vector<sql_value>{std::string(json), id.scope, id.key, std::string(owner)},
+                   &pre_state_fence_failed});
   }
 
   void take_lease(const request_id& id, std::string_view owner, int attempts,
@@ -576,31 +563,16 @@ class mysql_tx final : public store_tx {
             owner, t.lease_us, attempts, id.scope, id.key);
   }
 
-  // On MariaDB the final record travels with the COMMIT that follows it, as
-  // the Pre-RPC result does (see save_pre_state): the manager commits right
-  // after finishing. A failed fence stops the block before its COMMIT, and
-  // commit() throws storage_error::lease_lost: what a false return causes.
   bool finish(const request_id& id, std::string_view owner, record_state s, const response& r,
               std::string_view last_error, const lease_terms& t) override {
-    if (!poisoned_.empty()) throw refusal();
-    if (pending_pre_state_) flush_pre_state();
-    if (pending_finish_) flush_finish();
     const std::string headers =
         nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    std::vector<sql_value> params{std::int64_t{static_cast<int>(s)},
-                                  std::int64_t{r.status},
-                                  headers,
-                                  r.body,
-                                  std::string(last_error),
-                                  std::int64_t{t.retention_us},
-                                  id.scope,
-                                  id.key,
-                                  std::string(owner)};
-    if (conn_->compound_statements()) {
-      pending_finish_ = std::move(params);
-      return true;
-    }
-    return execute_values(finish_sql, params) == 1;
+    return fenced(
+        {finish_sql, finish_and_commit,
+         std::vector<sql_value>{std::int64_t{static_cast<int>(s)}, std::int64_t{r.status}, headers,
+                                r.body, std::string(last_error), std::int64_t{t.retention_us},
+                                id.scope, id.key, std::string(owner)},
+         &finish_fence_failed});
   }
 
   bool release(const request_id& id, std::string_view owner, std::string_view why) override {
@@ -617,27 +589,20 @@ class mysql_tx final : public store_tx {
       throw refusal();
     }
     done_ = true;
-    std::optional<pending_pre_state> pre = std::move(pending_pre_state_);
-    pending_pre_state_.reset();
-    std::optional<std::vector<sql_value>> fin = std::move(pending_finish_);
-    pending_finish_.reset();
+    const std::optional<fenced_write> w = std::move(deferred_);
+    deferred_.reset();
     try {
       conn_.guarded(
           "commit",
           [&](connection& c) {
-            // Either fails, like COMMIT, in doubt when the connection dies in it.
-            if (pre) {
-              auto& ps = c.prepare(save_pre_state_and_commit);
-              const sql_value p[] = {pre->json, pre->scope, pre->key, pre->owner};
-              bind(ps, std::span<const sql_value>(p));
-              ps.execute();
-            } else if (fin) {
-              auto& ps = c.prepare(finish_and_commit);
-              bind(ps, std::span<const sql_value>(*fin));
-              ps.execute();
-            } else {
+            if (!w) {
               c.exec("COMMIT");
+              return;
             }
+            // Fails, like COMMIT, in doubt when the connection dies in it.
+            auto& ps = c.prepare(w->with_commit);
+            bind(ps, std::span<const sql_value>(w->params));
+            ps.execute();
           },
           /*in_commit=*/true);
     } catch (const storage_error&) {
@@ -646,13 +611,7 @@ class mysql_tx final : public store_tx {
       conn_.mark_broken();
       // The fence stopped the block before its COMMIT: nothing committed
       // (the discarded connection's transaction is rolled back).
-      if (conn_.last_error_code() == signal_exception) {
-        if (pre) throw lease_row_vanished();
-        if (fin) {
-          throw storage_error::lease_lost(
-              "mysql: the fenced finish found another owner's lease; nothing committed");
-        }
-      }
+      if (w && conn_.last_error_code() == signal_exception) throw w->fence_failed();
       throw;
     } catch (...) {
       conn_.mark_broken();
@@ -661,8 +620,7 @@ class mysql_tx final : public store_tx {
   }
 
   void rollback() noexcept override {
-    pending_pre_state_.reset();
-    pending_finish_.reset();
+    deferred_.reset();
     if (done_) return;
     done_ = true;
     if (conn_.broken()) return;  // discarded anyway; the server rolls it back
@@ -674,75 +632,83 @@ class mysql_tx final : public store_tx {
   }
 
  private:
-  struct pending_pre_state {
-    std::string json, scope, key, owner;
+  // A fenced UPDATE of the lease row (save_pre_state, finish): the statement
+  // alone, the compound block that runs it and commits, its parameters, and
+  // the error a failed fence means once true has been returned.
+  struct fenced_write {
+    const char* alone;
+    const char* with_commit;
+    std::vector<sql_value> params;
+    storage_error (*fence_failed)();
   };
 
-  /// ER_SIGNAL_EXCEPTION: raised by the fence in save_pre_state_and_commit.
-  static constexpr int signal_exception = 1644;
-  static constexpr const char* save_pre_state_and_commit =
-      "BEGIN NOT ATOMIC "
-      "UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
-      " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1; "
-      "IF ROW_COUNT() <> 1 THEN "
-      "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'orpheus: lease row not held'; "
-      "END IF; "
-      "COMMIT; "
-      "END";
+  // On MariaDB a fenced write travels with the COMMIT that follows it: one
+  // round trip instead of two (the manager commits right after saving the
+  // Pre-RPC result and right after finishing). It is still fenced, before the
+  // COMMIT and in the same statement: if the row is not this owner's
+  // in-progress lease the block signals and stops, nothing commits, and
+  // commit() throws what a false return would have caused. At most one write
+  // waits: any other statement, or another fenced write, sends it first, so
+  // statements keep their order; a rollback drops it. Elsewhere (MySQL 8 runs
+  // no compound statement outside a stored program) it is sent at once.
+  bool fenced(fenced_write w) {
+    if (!poisoned_.empty()) throw refusal();
+    send_deferred();
+    if (conn_->compound_statements()) {
+      deferred_ = std::move(w);
+      return true;
+    }
+    return execute_values(w.alone, w.params) == 1;
+  }
 
-// finish()'s fenced UPDATE, alone (MySQL 8) or riding on the COMMIT (MariaDB).
+  /// Sends the deferred write on its own. Its true was already returned: a
+  /// failed fence throws what commit() would have.
+  void send_deferred() {
+    if (!deferred_) return;
+    const fenced_write w = std::move(*deferred_);
+    deferred_.reset();
+    if (execute_values(w.alone, w.params) != 1) throw w.fence_failed();
+  }
+
+  static storage_error pre_state_fence_failed() {
+    return storage_error::permanent("lease row vanished inside its own transaction");
+  }
+  static storage_error finish_fence_failed() {
+    return storage_error::lease_lost(
+        "mysql: the fenced finish found another owner's lease; nothing committed");
+  }
+
+  /// ER_SIGNAL_EXCEPTION: raised by the fence of a compound block.
+  static constexpr int signal_exception = 1644;
+
+// The fence every write of an attempt carries, and the compound block that
+// checks it and commits (MariaDB).
+#define ORPHEUS_FENCE " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1"
+#define ORPHEUS_AND_COMMIT(update)                                                 \
+  "BEGIN NOT ATOMIC " update                                                       \
+  "; IF ROW_COUNT() <> 1 THEN "                                                    \
+  "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'orpheus: lease not held'; END IF; " \
+  "COMMIT; END"
+#define ORPHEUS_PRE_STATE_UPDATE \
+  "UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW ORPHEUS_FENCE
 #define ORPHEUS_FINISH_UPDATE                                                 \
   "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, " \
   "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "             \
-  "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW               \
-  " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1"
+  "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW ORPHEUS_FENCE
+  static constexpr const char* pre_state_sql = ORPHEUS_PRE_STATE_UPDATE;
+  static constexpr const char* pre_state_and_commit = ORPHEUS_AND_COMMIT(ORPHEUS_PRE_STATE_UPDATE);
   static constexpr const char* finish_sql = ORPHEUS_FINISH_UPDATE;
-  static constexpr const char* finish_and_commit =
-      "BEGIN NOT ATOMIC " ORPHEUS_FINISH_UPDATE
-      "; "
-      "IF ROW_COUNT() <> 1 THEN "
-      "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'orpheus: lease lost'; "
-      "END IF; "
-      "COMMIT; "
-      "END";
+  static constexpr const char* finish_and_commit = ORPHEUS_AND_COMMIT(ORPHEUS_FINISH_UPDATE);
 #undef ORPHEUS_FINISH_UPDATE
-
-  static storage_error lease_row_vanished() {
-    return storage_error::permanent("lease row vanished inside its own transaction");
-  }
-
-  bool store_pre_state(std::string_view scope, std::string_view key, std::string_view owner,
-                       std::string_view json) {
-    return execute("UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
-                   " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
-                   json, scope, key, owner) == 1;
-  }
-
-  /// Sends a deferred save_pre_state() before another statement. Its true was
-  /// already returned: a failed fence throws what the caller would have.
-  void flush_pre_state() {
-    const pending_pre_state pre = std::move(*pending_pre_state_);
-    pending_pre_state_.reset();
-    if (!store_pre_state(pre.scope, pre.key, pre.owner, pre.json)) throw lease_row_vanished();
-  }
-
-  /// Sends a deferred finish() before another statement: a failed fence
-  /// throws lease_lost, as commit() would have.
-  void flush_finish() {
-    const std::vector<sql_value> params = std::move(*pending_finish_);
-    pending_finish_.reset();
-    if (execute_values(finish_sql, params) != 1) {
-      throw storage_error::lease_lost(
-          "mysql: the fenced finish found another owner's lease; nothing committed");
-    }
-  }
+#undef ORPHEUS_PRE_STATE_UPDATE
+#undef ORPHEUS_AND_COMMIT
+#undef ORPHEUS_FENCE
 
   borrowed conn_;
   std::size_t shard_;
   bool done_ = false;
-  std::optional<pending_pre_state> pending_pre_state_;
-  std::optional<std::vector<sql_value>> pending_finish_;  ///< finish()'s parameters
-  std::string poisoned_;  ///< the error that ended the transaction, if any
+  std::optional<fenced_write> deferred_;  ///< waits for commit() (see fenced())
+  std::string poisoned_;                  ///< the error that ended the transaction, if any
 };
 
 }  // namespace
