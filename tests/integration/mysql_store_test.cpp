@@ -50,6 +50,18 @@ class MysqlStore : public testing::Test {
 
   request_id id(const std::string& key) const { return {scope_, key, fingerprint_of("x")}; }
 
+  // Kills the session `victim` names (from another connection) just before
+  // transaction `tx_number` (0: the first) of `s` commits.
+  void kill_before_commit(test::forwarding_store& s, int tx_number, const std::int64_t& victim) {
+    s.before_commit = [this, tx_number, &victim](int n, store_tx&) {
+      if (n != tx_number) return;
+      mysql_store killer(options_for_test());
+      auto t = killer.begin_on_shard(0);
+      t->execute("KILL CONNECTION " + std::to_string(victim));
+      t->commit();
+    };
+  }
+
   bool handler_row_exists(const std::string& k) {
     auto t = store_->begin_on_shard(0);
     const auto rows = t->query("SELECT k FROM mysql_test_rows WHERE k = ?", k);
@@ -574,13 +586,7 @@ TEST_F(MysqlStore, PreStateSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenc
 TEST_F(MysqlStore, LostConnectionDuringTheCommitThatStoresThePreRpcResultIsInDoubt) {
   test::forwarding_store s(*store_);
   std::int64_t victim = 0;
-  s.before_commit = [&](int tx_number, store_tx&) {
-    if (tx_number != 0) return;  // transaction 1 only; no statement on it here
-    mysql_store killer(options_for_test());
-    auto t = killer.begin_on_shard(0);
-    t->execute("KILL CONNECTION " + std::to_string(victim));
-    t->commit();
-  };
+  kill_before_commit(s, 0, victim);  // transaction 1
   manager m(s);
   const auto rid = id("in-doubt-1");
   int pres = 0;
@@ -706,13 +712,7 @@ TEST_F(MysqlStore, OnMariaDbTheFencedWritesRideOnTheCommit) {
 TEST_F(MysqlStore, LostConnectionDuringTheCommitThatRecordsTheResultIsInDoubt) {
   test::forwarding_store s(*store_);
   std::int64_t victim = 0;
-  s.before_commit = [&](int tx_number, store_tx&) {
-    if (tx_number != 1) return;  // transaction 2 only
-    mysql_store killer(options_for_test());
-    auto t = killer.begin_on_shard(0);
-    t->execute("KILL CONNECTION " + std::to_string(victim));
-    t->commit();
-  };
+  kill_before_commit(s, 1, victim);  // transaction 2
   manager m(s);
   const auto rid = id("in-doubt-2");
   int rpcs = 0;

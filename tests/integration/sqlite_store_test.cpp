@@ -42,6 +42,15 @@ auto within(std::chrono::seconds guard, F&& f) {
   return done.get();
 }
 
+// Waits for every future, with the same guard.
+template <class... Futures>
+void join_within(std::chrono::seconds guard, Futures&... futures) {
+  within(guard, [&] {
+    (futures.get(), ...);
+    return 0;
+  });
+}
+
 // Issue 7.3: with one connection, a throwing Post-RPC made the thread ask the
 // pool for a second connection while it held the first: the process hung.
 TEST(SqliteStore, AThrowingPostRpcDoesNotHangAPoolOfOne) {
@@ -133,9 +142,13 @@ bool row_exists(sqlite_store& s, const std::string& id) {
 
 // A batch is never too old to hand on here: these tests decide who commits by
 // who waits, not by how fast the machine is.
-std::unique_ptr<sqlite_store> store_with_table(std::size_t max_batch = 64) {
-  auto s = std::make_unique<sqlite_store>(sqlite_options{
-      .path = fresh_path(), .max_batch = max_batch, .max_batch_age = std::chrono::minutes(10)});
+std::unique_ptr<sqlite_store> store_with_table(
+    std::size_t max_batch = 64, std::chrono::milliseconds busy = std::chrono::milliseconds(5000)) {
+  auto s =
+      std::make_unique<sqlite_store>(sqlite_options{.path = fresh_path(),
+                                                    .busy_timeout = busy,
+                                                    .max_batch = max_batch,
+                                                    .max_batch_age = std::chrono::minutes(10)});
   s->migrate();
   auto t = s->begin_on_shard(0);
   t->execute("CREATE TABLE gc_rows (id TEXT PRIMARY KEY)");
@@ -158,11 +171,7 @@ TEST(SqliteStore, TransactionsThatMeetShareOneCommitAndARollbackUndoesOnlyItsOwn
   });
   await_waiting(*s, 1);
   auto a_done = std::async(std::launch::async, [&] { a->commit(); });  // hands on to b, waits
-  within(std::chrono::seconds(60), [&] {
-    b_done.get();
-    a_done.get();
-    return 0;
-  });
+  join_within(std::chrono::seconds(60), b_done, a_done);
   const auto after = s->writer_stats();
   EXPECT_EQ(after.transactions - before.transactions, 2U);
   EXPECT_EQ(after.commits - before.commits, 1U) << "one COMMIT for both";
@@ -204,14 +213,7 @@ TEST(SqliteStore, WritersTakeTheConnectionInTheOrderTheyAskedForIt) {
 // the next one (handing it to the one that left would hang the queue, or
 // touch a waiter that no longer exists).
 TEST(SqliteStore, AWriterThatGaveUpWaitingIsPassedOver) {
-  auto s = std::make_unique<sqlite_store>(
-      sqlite_options{.path = fresh_path(), .busy_timeout = std::chrono::milliseconds(300)});
-  s->migrate();
-  {
-    auto t = s->begin_on_shard(0);
-    t->execute("CREATE TABLE gc_rows (id TEXT PRIMARY KEY)");
-    t->commit();
-  }
+  auto s = store_with_table(64, std::chrono::milliseconds(300));
   auto a = s->begin_on_shard(0);  // holds the writer past b's patience
   auto b = std::async(std::launch::async, [&] {
     try {
@@ -221,10 +223,7 @@ TEST(SqliteStore, AWriterThatGaveUpWaitingIsPassedOver) {
       EXPECT_TRUE(e.retryable());
     }
   });
-  within(std::chrono::seconds(60), [&] {
-    b.get();
-    return 0;
-  });
+  join_within(std::chrono::seconds(60), b);
   EXPECT_EQ(s->writer_stats().waiting, 0U) << "b left the line";
   // c asks after b gave up, and a passes the turn on while c waits.
   auto c = std::async(std::launch::async, [&] {
@@ -234,10 +233,7 @@ TEST(SqliteStore, AWriterThatGaveUpWaitingIsPassedOver) {
   });
   await_waiting(*s, 1);
   a->commit();
-  within(std::chrono::seconds(60), [&] {
-    c.get();
-    return 0;
-  });
+  join_within(std::chrono::seconds(60), c);
   EXPECT_TRUE(row_exists(*s, "c"));
 }
 
@@ -285,10 +281,7 @@ TEST(SqliteStore, MaxBatchOfOneCommitsEveryTransactionAlone) {
   });
   await_waiting(*s, 1);
   a->commit();
-  within(std::chrono::seconds(60), [&] {
-    b_done.get();
-    return 0;
-  });
+  join_within(std::chrono::seconds(60), b_done);
   EXPECT_EQ(s->writer_stats().commits - before.commits, 2U);
   EXPECT_TRUE(row_exists(*s, "a"));
   EXPECT_TRUE(row_exists(*s, "b"));
