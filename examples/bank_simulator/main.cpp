@@ -38,6 +38,8 @@ API
                        answers the first outcome (200) without charging again;
                        402 {"status": "declined"}; 503 before charging
   GET /charges/K       what became of key K: 200 as above, or 404 if never seen
+  GET /charges         every charge made, oldest first: [{"charge_id", "key",
+                       "reference", "amount"}] (for audits: scripts/chaos)
   GET /ledger          {"charges": charges made, "keys": distinct keys,
                         "references": distinct references charged,
                         "double_charges": references charged more than once}
@@ -84,6 +86,10 @@ class bank {
     const std::string reference = body["reference"];
     const std::string charge_id = "ch_" + std::to_string(++charges_);
     ++charged_refs_[reference];
+    made_.push_back({{"charge_id", charge_id},
+                     {"key", key},
+                     {"reference", reference},
+                     {"amount", body["amount"]}});
     outcome o{201, {{"charge_id", charge_id}, {"status", "charged"}, {"amount", body["amount"]}}};
     by_key_[key] = o;
     if (roll(drop_)) return orpheus::beast::drop_connection();  // charged, answer lost
@@ -96,6 +102,11 @@ class bank {
     if (it == by_key_.end())
       return make_response(404, R"({"status":"unknown"})", "application/json");
     return make_response(200, it->second.body.dump(), "application/json");
+  }
+
+  http_response charges() {
+    std::lock_guard lock(m_);
+    return make_response(200, made_.dump(), "application/json");
   }
 
   http_response ledger() {
@@ -117,6 +128,7 @@ class bank {
   std::mt19937_64 rng_;
   std::map<std::string, outcome> by_key_;
   std::map<std::string, int> charged_refs_;
+  nlohmann::json made_ = nlohmann::json::array();  // every charge, for GET /charges
   long charges_ = 0;
 };
 
@@ -149,6 +161,7 @@ int main(int argc, char** argv) {
       if (req.method() == http::verb::get && target.rfind("/charges/", 0) == 0) {
         return respond(b.status(target.substr(9)));
       }
+      if (req.method() == http::verb::get && target == "/charges") return respond(b.charges());
       if (req.method() == http::verb::get && target == "/ledger") return respond(b.ledger());
       respond(make_response(404, "not found\n"));
     };
