@@ -27,6 +27,9 @@ Usage: bank_simulator [flags]
   --hold-after-charge-ms N
                       after charging, wait N ms before answering (default 0): the
                       window in which a crashed caller has charged but not recorded
+  --dedup on|off      off: charge again when a key comes back, as a gateway
+                      without idempotency keys would; only the caller can then
+                      prevent a double charge (default on)
   --seed N            random seed (default 1)
 
 Prints "listening on PORT" once ready; stops on SIGTERM or SIGINT.
@@ -57,8 +60,8 @@ struct outcome {
 
 class bank {
  public:
-  bank(double fail, double drop, double decline, std::uint64_t seed)
-      : fail_(fail), drop_(drop), decline_(decline), rng_(seed) {}
+  bank(double fail, double drop, double decline, bool dedup, std::uint64_t seed)
+      : fail_(fail), drop_(drop), decline_(decline), dedup_(dedup), rng_(seed) {}
 
   http_response charge(const http_request& req) {
     const auto key_field = req.find("Idempotency-Key");
@@ -72,7 +75,7 @@ class bank {
       return make_response(400, R"({"error":"bad charge request"})", "application/json");
     }
     std::lock_guard lock(m_);
-    if (auto it = by_key_.find(key); it != by_key_.end()) {  // deduplicated by key
+    if (auto it = by_key_.find(key); dedup_ && it != by_key_.end()) {  // deduplicated by key
       return make_response(it->second.status == 201 ? 200 : it->second.status,
                            it->second.body.dump(), "application/json");
     }
@@ -125,6 +128,7 @@ class bank {
 
   std::mutex m_;
   double fail_, drop_, decline_;
+  bool dedup_;
   std::mt19937_64 rng_;
   std::map<std::string, outcome> by_key_;
   std::map<std::string, int> charged_refs_;
@@ -139,7 +143,9 @@ int main(int argc, char** argv) {
   const auto port = f.num("port", 0);
   const auto latency = std::chrono::milliseconds(f.num("latency-ms", 0));
   const auto hold = std::chrono::milliseconds(f.num("hold-after-charge-ms", 0));
-  bank b(f.real("fail-rate", 0), f.real("drop-rate", 0), f.real("decline-rate", 0),
+  const auto dedup = f.str("dedup", "on");
+  if (dedup != "on" && dedup != "off") f.fail("--dedup wants on or off");
+  bank b(f.real("fail-rate", 0), f.real("drop-rate", 0), f.real("decline-rate", 0), dedup == "on",
          static_cast<std::uint64_t>(f.num("seed", 1)));
   f.done();
   if (port < 0 || port > 65535) f.fail("--port out of range");

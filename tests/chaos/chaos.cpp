@@ -39,7 +39,8 @@ Usage:
       retried until a final answer or S seconds (default 600) in all. A final
       answer goes to the results file, then the journal entry is completed;
       every 25 answers it prints "progress N". Started again with the same
-      flags, it resumes where it stopped.
+      flags, it resumes where it stopped (and says how many payments its
+      journal held).
 
   orpheus_chaos audit --payments N --bank URL --store SPEC [--store SPEC]
                       --results PATH [--results PATH ...] [--journal PATH ...]
@@ -160,6 +161,9 @@ int pay(examples::flags& f) {
     // Killed between writing the result and completing the journal entry.
     journal.complete(name_of(r.payment));
   }
+  // Payments a killed run of this client had started: resumed with their keys.
+  const auto resumed = journal.pending().size();
+  std::cout << "resuming " << resumed << " payments from the journal" << std::endl;
 
   orpheus::client::client_options options;
   options.policy.max_attempts = 100;
@@ -308,6 +312,12 @@ int audit(examples::flags& f) {
     } else if (n > 0) {
       problem(lost, "payment " + std::to_string(i) + ": charged, but answered " +
                         std::to_string(r.status) + ": " + r.body);
+    } else {
+      // Every fault here is transient and the bank declines nothing: a final
+      // failure (attempts exhausted, a transient fault taken as a refusal) is
+      // a payment the run did not finish.
+      problem(unfinished, "payment " + std::to_string(i) + ": ended " + std::to_string(r.status) +
+                              " without a charge: " + r.body);
     }
   }
   for (const auto& [i, list] : charged) {
@@ -348,13 +358,23 @@ int sabotage(examples::flags& f) {
   if (bank_url.empty() || stores.empty() || result_paths.empty()) {
     f.fail("sabotage needs --bank, --store and --results");
   }
-  orpheus::beast::http_request charge{boost::beast::http::verb::post, "/charges", 11};
-  charge.set("Idempotency-Key", "sabotage-" + orpheus::random_token(8));
-  charge.body() = json{{"amount", 1000}, {"currency", "EUR"}, {"reference", "sabotage"}}.dump();
-  charge.prepare_payload();
-  const auto answer = orpheus::beast::send(orpheus::beast::parse_http_url(bank_url),
-                                           std::move(charge), std::chrono::seconds(10));
-  if (answer.result_int() != 201) throw std::runtime_error("the bank did not charge again");
+  // The bank fails and drops answers on purpose: send until it says charged
+  // (a retry may charge once more; the audit counts payments charged twice).
+  const std::string key = "sabotage-" + orpheus::random_token(8);
+  for (int attempt = 1;; ++attempt) {
+    orpheus::beast::http_request charge{boost::beast::http::verb::post, "/charges", 11};
+    charge.set("Idempotency-Key", key);
+    charge.body() = json{{"amount", 1000}, {"currency", "EUR"}, {"reference", "sabotage"}}.dump();
+    charge.prepare_payload();
+    try {
+      const auto answer = orpheus::beast::send(orpheus::beast::parse_http_url(bank_url),
+                                               std::move(charge), std::chrono::seconds(10));
+      if (answer.result_int() == 200 || answer.result_int() == 201) break;
+    } catch (const orpheus::beast::transport_error&) {
+      // an answer dropped after charging: ask again
+    }
+    if (attempt == 100) throw std::runtime_error("the bank did not charge payment 0 again");
+  }
 
   const auto store = open_store(stores);
   for (const auto& p : result_paths) {
