@@ -3,6 +3,8 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "orpheus/error.hpp"
+
 namespace orpheus::detail {
 namespace {
 
@@ -34,8 +36,17 @@ record record_from_row(const sql_row& row, bool full) {
   out.recorded.status = static_cast<int>(int_or_zero(v[5]));
   const std::string headers = text_or_empty(v[6]);
   if (!headers.empty()) {
-    out.recorded.headers =
-        nlohmann::json::parse(headers).get<std::vector<std::pair<std::string, std::string>>>();
+    // A column that is not the JSON finish() writes (a corrupt or hand-edited
+    // row) is an unreadable row, reported as the store's contract says.
+    // Issue 9 (fuzzing): nlohmann's parse_error or type_error came out of
+    // store::read() and manager::process(), which promise orpheus::error.
+    try {
+      out.recorded.headers =
+          nlohmann::json::parse(headers).get<std::vector<std::pair<std::string, std::string>>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw storage_error::permanent(std::string("unreadable orpheus_records row (headers: ") +
+                                     e.what() + ")");
+    }
   }
   out.recorded.body = text_or_empty(v[7]);
   out.db_now_us = int_or_zero(v.at(8));

@@ -607,6 +607,37 @@ TEST_P(Conformance, APreRpcResultThatDoesNotReadBackIsRefusedAndNothingIsRecorde
   EXPECT_FALSE(store_->inspect(rid));
 }
 
+// Issue 9 (fuzzing): a recorded response whose headers column is not the
+// JSON finish() writes (a corrupt or hand-edited row) made every read of the
+// record throw nlohmann's parse_error or type_error out of process(), which
+// promises orpheus::error. It is an unreadable row: a non-retryable
+// storage_error, on the replay fast path and on the full read alike.
+TEST_P(Conformance, AnUnreadableRecordedResponseIsAStorageError) {
+  manager m(*store_);
+  const auto rid = id("corrupt-headers");
+  counters c;
+  ASSERT_EQ(pay(m, rid, c).status, 201);
+  for (const std::string& headers :
+       {std::string(R"([["Content-Type","text/plain")"), std::string(R"([["a"]])"),
+        std::string(R"({"a":"b"})"), std::string(R"([["a",1]])")}) {
+    {
+      auto t = store_->begin(rid);
+      t->execute("UPDATE orpheus_records SET headers = ? WHERE scope = ? AND idem_key = ?", headers,
+                 rid.scope, rid.key);
+      t->commit();
+    }
+    try {
+      pay(m, rid, c);
+      ADD_FAILURE() << "replayed a record whose headers are " << headers;
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << headers;
+      EXPECT_EQ(e.code(), codes::storage_error) << headers;
+    }
+    EXPECT_THROW((void)store_->inspect(rid), storage_error) << headers;
+  }
+  EXPECT_EQ(c.rpc, 1);
+}
+
 // Issue 7.5: after a timeout the bank may still be charging. Releasing the
 // lease at once let the retry overlap the first call.
 TEST_P(Conformance, AnInDoubtRpcOutcomeKeepsTheLeaseUntilTheAttemptsDeadline) {

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/detail/migration.hpp"
+#include "orpheus/detail/record_row.hpp"
 #include "orpheus/request.hpp"
 
 namespace orpheus {
@@ -65,6 +66,31 @@ TEST(Fingerprint, IsSha256Hex) {
   EXPECT_EQ(fingerprint_of(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(fingerprint_of("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// A fast read's row (state, fingerprint, attempts, lease_owner,
+// lease_expires_us, status, headers, body, now) of a succeeded record.
+sql_row stored_row(const std::string& headers) {
+  const std::string fingerprint = fingerprint_of("body");
+  return {{std::int64_t{3}, fingerprint, std::int64_t{1}, nullptr, nullptr, std::int64_t{201},
+           headers, std::string("body"), std::int64_t{1}}};
+}
+
+// Issue 9 (fuzzing): a headers column that is not the JSON the backends write
+// made record_from_row() throw nlohmann's exceptions out of store::read().
+TEST(RecordRow, UnreadableHeadersAreANonRetryableStorageError) {
+  for (const auto* headers : {R"([["a"]])", R"({"a":"b"})", R"([["a",1]])", "[[", "\xff"}) {
+    try {
+      (void)detail::record_from_row(stored_row(headers), false);
+      ADD_FAILURE() << "read headers " << headers;
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << headers;
+      EXPECT_EQ(e.code(), codes::storage_error) << headers;
+    }
+  }
+  const auto r = detail::record_from_row(stored_row(R"([["Content-Type","text/plain"]])"), false);
+  ASSERT_EQ(r.recorded.headers.size(), 1U);
+  EXPECT_EQ(r.recorded.headers[0].second, "text/plain");
 }
 
 TEST(Attempt, DownstreamKeyIsStableAndSeparatesFields) {

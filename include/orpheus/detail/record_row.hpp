@@ -18,7 +18,8 @@ inline constexpr std::string_view record_columns_rest =
     "pre_state, recovery_point, last_error, created_us, updated_us, retry_until_us, expires_us";
 
 /// Builds a record from a row of `fast, now[, rest]`; `full` says whether the
-/// rest is there.
+/// rest is there. Throws storage_error::permanent (not retryable) when the
+/// headers column is not the JSON the backends write.
 record record_from_row(const sql_row& row, bool full);
 
 }  // namespace orpheus::detail

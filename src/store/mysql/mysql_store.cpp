@@ -466,7 +466,11 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
     plain = plain && expect(']');
   }
   if (plain && p == end) return out;
-  return nlohmann::json::parse(json).get<std::vector<std::pair<std::string, std::string>>>();
+  try {  // as record_from_row(): a storage_error, not nlohmann's (issue 9)
+    return nlohmann::json::parse(json).get<std::vector<std::pair<std::string, std::string>>>();
+  } catch (const nlohmann::json::exception& e) {
+    unreadable_row(std::string("headers: ") + e.what());
+  }
 }
 
 }  // namespace
