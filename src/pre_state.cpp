@@ -44,9 +44,16 @@ std::optional<nlohmann::json> decode_pre_state(std::string_view stored) {
   auto len = static_cast<std::size_t>(n);
   for (std::size_t i = b64.size(); i > 0 && b64[i - 1] == '=' && len > 0; --i) --len;
   bytes.resize(len);
-  auto j = nlohmann::json::from_cbor(bytes, /*strict=*/true, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return std::nullopt;
-  return j;
+  // from_cbor() throws out_of_range despite allow_exceptions = false when an
+  // array or map announces more elements than a vector can hold (issue 9,
+  // fuzzing): that is corrupt text too.
+  try {
+    auto j = nlohmann::json::from_cbor(bytes, /*strict=*/true, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return std::nullopt;
+    return j;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace orpheus::detail

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../src/pre_state.hpp"
 #include "orpheus/detail/migration.hpp"
 #include "orpheus/detail/record_row.hpp"
 #include "orpheus/request.hpp"
@@ -66,6 +67,20 @@ TEST(Fingerprint, IsSha256Hex) {
   EXPECT_EQ(fingerprint_of(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(fingerprint_of("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// Issue 9 (fuzzing): a stored binary form whose CBOR announces more elements
+// than a vector can hold made decode_pre_state() throw nlohmann's
+// out_of_range instead of answering nullopt (corrupt text).
+TEST(PreState, CorruptTextReadsAsNothingAndNeverThrows) {
+  for (const auto* stored : {"cbor:m7uAAAAAAAAA", "cbor:u7uAAAAAAAAA", "cbor:e7uAAAAAAAAA",
+                             "cbor:!!!!", "cbor:YWJj=", "{not json"}) {
+    std::optional<nlohmann::json> value;
+    EXPECT_NO_THROW(value = detail::decode_pre_state(stored)) << stored;
+    EXPECT_FALSE(value) << stored;
+  }
+  const nlohmann::json bytes = {{"body", std::string("\xff\x00\xfe", 3)}, {"amount", 5}};
+  EXPECT_EQ(detail::decode_pre_state(detail::encode_pre_state(bytes)), bytes);
 }
 
 // A fast read's row (state, fingerprint, attempts, lease_owner,
