@@ -177,6 +177,22 @@ TEST_F(Middleware, RepeatedFormFieldsKeepTheirOrderInTheFingerprint) {
   EXPECT_EQ(rpc, 1);
 }
 
+// Issue 9 (fuzzing): a name is one field however it is encoded. Sorted as
+// sent, "amount=100&%61mount=5" and "%61mount=5&amount=100" were one
+// fingerprint, though a handler reads "amount" twice, in another order.
+TEST_F(Middleware, RepeatedFormFieldsKeepTheirOrderHoweverTheirNamesAreEncoded) {
+  const auto form = "application/x-www-form-urlencoded";
+  auto canonical = [&](const std::string& body) {
+    return middleware::canonical_request(post("k", body, form), {});
+  };
+  EXPECT_NE(canonical("amount=100&%61mount=5"), canonical("%61mount=5&amount=100"));
+  EXPECT_NE(canonical("a+b=1&a%20b=2"), canonical("a%20b=2&a+b=1"));
+  EXPECT_NE(canonical("%41=1&%41=2"), canonical("%41=2&%41=1"));
+  // Different names are still in any order, however they are encoded.
+  EXPECT_EQ(canonical("%62=1&a=2"), canonical("a=2&%62=1"));
+  EXPECT_EQ(canonical("amount=1&%63urrency=EUR"), canonical("%63urrency=EUR&amount=1"));
+}
+
 // Issue 7, defect 12: a request without a key (where none is required) runs
 // under a key nobody can send again; its record must not be kept for days.
 TEST_F(Middleware, UnkeyedRequestsAreRecordedForNoTime) {

@@ -50,18 +50,43 @@ std::optional<std::string> unquote(std::string_view v) {
 // meaning. (Issue 7, defect 2: sorting whole "name=value" fields gave
 // amount=100&...&amount=5 and amount=5&...&amount=100 one fingerprint, and
 // the second payment was answered with the first one's replay.)
+// Issue 9 (fuzzing): names are compared as a handler reads them, decoded
+// ('+' is a space, %XX a byte): amount=100&%61mount=5 and
+// %61mount=5&amount=100 were one fingerprint, though both send "amount"
+// twice, in another order. The fields themselves are kept as sent.
 std::string canonical_form(std::string_view body) {
-  std::vector<std::string_view> fields;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  auto decoded_name = [&](std::string_view f) {
+    f = f.substr(0, f.find('='));
+    std::string out;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (f[i] == '+') {
+        out += ' ';
+      } else if (f[i] == '%' && i + 2 < f.size() && hex(f[i + 1]) >= 0 && hex(f[i + 2]) >= 0) {
+        out += static_cast<char>(hex(f[i + 1]) * 16 + hex(f[i + 2]));
+        i += 2;
+      } else {
+        out += f[i];
+      }
+    }
+    return out;
+  };
+  std::vector<std::pair<std::string, std::string_view>> fields;  // decoded name, field
   while (!body.empty()) {
     const auto amp = body.find('&');
-    fields.push_back(body.substr(0, amp));
+    const auto field = body.substr(0, amp);
+    fields.emplace_back(decoded_name(field), field);
     body = amp == std::string_view::npos ? std::string_view{} : body.substr(amp + 1);
   }
-  auto name = [](std::string_view f) { return f.substr(0, f.find('=')); };
   std::stable_sort(fields.begin(), fields.end(),
-                   [&](std::string_view a, std::string_view b) { return name(a) < name(b); });
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   std::string out;
-  for (const auto f : fields) out.append(f).push_back('&');
+  for (const auto& f : fields) out.append(f.second).push_back('&');
   return out;
 }
 
