@@ -22,12 +22,29 @@ prepared_request::prepared_request(http::verb method, std::string target, std::s
   for (const char c : key_) {
     if (c < 0x20 || c > 0x7E) throw std::invalid_argument("idempotency key: printable ASCII only");
   }
+  // HTTP drops the white space around a header value: " k" reached the
+  // server as "k", another request's key (issue 9, fuzzing). The server
+  // refuses such keys (orpheus::validate), so the client does too.
+  if (key_.front() == ' ' || key_.back() == ' ')
+    throw std::invalid_argument("idempotency key: no space at either end");
 }
 
 http_request prepared_request::message(const std::string& key_header) const {
   http_request req{method_, target_, 11};
   for (const auto& [name, value] : headers_) req.set(name, value);
-  req.set(key_header, key_);
+  if (key_.front() == '"') {
+    // Sent bare, the server reads a key that starts with '"' as an RFC 8941
+    // sf-string: "abc" arrived as abc, another request's key, and "abc as
+    // a 400 (issue 9, fuzzing). Quoted, it arrives as itself.
+    std::string quoted = "\"";
+    for (const char c : key_) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      quoted += c;
+    }
+    req.set(key_header, quoted + '"');
+  } else {
+    req.set(key_header, key_);
+  }
   req.body() = body_;
   req.prepare_payload();
   return req;

@@ -48,6 +48,8 @@ using beast::http_response;
 /// A logical request, fixed once.
 class prepared_request {
  public:
+  /// Throws std::invalid_argument when the key is not 1 to 255 bytes of
+  /// printable ASCII without a space at either end (what the server accepts).
   prepared_request(boost::beast::http::verb method, std::string target, std::string body,
                    std::vector<std::pair<std::string, std::string>> headers = {},
                    std::string key = new_idempotency_key());
