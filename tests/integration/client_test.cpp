@@ -207,6 +207,14 @@ TEST(Client, ParsesRetryAfter) {
   EXPECT_FALSE(parse_retry_after("soon", now));
   EXPECT_FALSE(parse_retry_after("-5", now));
   EXPECT_FALSE(parse_retry_after("", now));
+  // Issue 9 (fuzzing): a year past 2262 or before 1678 overflowed
+  // system_clock's nanoseconds (undefined behaviour). A date more than a year
+  // away is a year, as 10 digits of seconds are; one long past is 0.
+  EXPECT_EQ(parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now), 24h * 365);
+  EXPECT_EQ(parse_retry_after("Mon, 01 Jan 0001 00:00:00 GMT", now), 0ms);
+  EXPECT_EQ(parse_retry_after("Mon, 06 Nov 1995 08:49:37 GMT", now), 24h * 365);
+  EXPECT_EQ(parse_retry_after("Sun, 05 Nov 1995 08:49:37 GMT", now), 24h * 364);
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now + 250ms), 9750ms);
 }
 
 // Issue 9 (fuzzing): HTTP drops the white space around a header value, and

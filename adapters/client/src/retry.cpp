@@ -62,9 +62,16 @@ std::optional<std::chrono::milliseconds> parse_retry_after(
   const std::string s(v);
   const char* end = strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
   if (end == nullptr || *end != '\0') return std::nullopt;
-  const auto at = std::chrono::system_clock::from_time_t(timegm(&tm));
-  if (at <= now) return std::chrono::milliseconds(0);
-  return std::chrono::duration_cast<std::chrono::milliseconds>(at - now);
+  // Compared in seconds before anything is converted: a year after 2262 (or
+  // before 1678) does not fit system_clock's nanoseconds, and converting it
+  // overflowed (issue 9, fuzzing: "Fri, 31 Dec 9999 23:59:59 GMT" was
+  // undefined behaviour). Further than a year away is clamped, as above.
+  const std::chrono::seconds at(timegm(&tm));
+  const auto since_epoch = now.time_since_epoch();
+  const auto now_s = std::chrono::floor<std::chrono::seconds>(since_epoch);
+  if (at <= now_s) return std::chrono::milliseconds(0);
+  if (at - now_s > std::chrono::hours(24 * 365)) return std::chrono::hours(24 * 365);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(at - since_epoch);
 }
 
 void validate(const retry_policy& p) {

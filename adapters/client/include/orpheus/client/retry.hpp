@@ -62,7 +62,8 @@ enum class error_kind {
 [[nodiscard]] constexpr bool retryable(error_kind k) noexcept { return k != error_kind::none; }
 
 /// Parses Retry-After: delta-seconds or an IMF-fixdate (RFC 9110). nullopt
-/// when it is neither; a date in the past is 0.
+/// when it is neither; a date in the past is 0; more than 9 digits, or a
+/// date more than a year away, is a year.
 [[nodiscard]] std::optional<std::chrono::milliseconds> parse_retry_after(
     std::string_view value, std::chrono::system_clock::time_point now);
 
