@@ -1,5 +1,6 @@
 #include "payment.hpp"
 
+#include <algorithm>
 #include <boost/beast/http.hpp>
 #include <cctype>
 
@@ -43,6 +44,22 @@ namespace {
   throw orpheus::non_retryable_error("invalid_request", why, 400);
 }
 
+bool three_letters(const std::string& s) {
+  return s.size() == 3 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+         });
+}
+
+// Whether JSON can carry `s`: json::dump() refuses bytes that are not UTF-8.
+bool json_can_carry(const std::string& s) {
+  try {
+    (void)nlohmann::json(s).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 // The request body as a payment (JSON or form-encoded); 400 otherwise.
@@ -82,8 +99,12 @@ payment parse_payment(const http_request& req) {
     bad_request("amount must be a positive whole number of minor units");
   }
   p.amount = j["amount"];
+  // Issue 9 (fuzzing): a form's fields decode to any bytes. A currency was
+  // any three ("%FF%FE%FD", "123"), and a customer that is not UTF-8 made
+  // the 201 answer (JSON) fail after the bank had charged: the payment was
+  // retried until its attempts ran out. Both are refused up front.
   if (!j.contains("currency") || !j["currency"].is_string() ||
-      j["currency"].get<std::string>().size() != 3) {
+      !three_letters(j["currency"].get<std::string>())) {
     bad_request("currency must be a three-letter code");
   }
   p.currency = j["currency"];
@@ -92,6 +113,7 @@ payment parse_payment(const http_request& req) {
     bad_request("customer must be 1 to 64 characters");
   }
   p.customer = j["customer"];
+  if (!json_can_carry(p.customer)) bad_request("customer must be UTF-8");
   return p;
 }
 

@@ -313,6 +313,30 @@ TEST_P(Http, DuplicateFormFieldsAre400AndNothingIsRecorded) {
   EXPECT_EQ(ledger()["charges"], 1);
 }
 
+// Issue 9 (fuzzing): a form-encoded field decodes to any bytes. A customer
+// that is not UTF-8 ("%FF") was charged, and then the 201 answer (JSON)
+// could not be written: the payment was retried until its attempts ran out.
+// A currency was any three bytes. Both are 400 before anything is charged.
+TEST_P(Http, ACustomerOrCurrencyThatIsNotTextIs400AndNothingIsCharged) {
+  start_bank();
+  start_payments();
+  int n = 0;
+  for (const char* body :
+       {"amount=100&currency=EUR&customer=%FF", "amount=100&currency=%FF%FE%FD&customer=c",
+        "amount=100&currency=123&customer=c"}) {
+    http_request req{http::verb::post, "/v1/payments", 11};
+    req.set("X-Client-Id", client_);
+    req.set("Idempotency-Key", "not-text-" + std::to_string(++n));
+    req.set(http::field::content_type, "application/x-www-form-urlencoded");
+    req.body() = body;
+    const auto refused = send(payments_.port, req);
+    EXPECT_EQ(refused.result_int(), 400U) << body << ": " << refused.body();
+    EXPECT_EQ(nlohmann::json::parse(refused.body(), nullptr, false).value("retryable", true), false)
+        << body;
+  }
+  EXPECT_EQ(ledger()["charges"], 0);
+}
+
 // Issue 7, defect 1: with few file descriptors, idle connections make
 // accept() fail with EMFILE; the server used to end its accept loop there
 // and never answer again.
