@@ -1,0 +1,71 @@
+// What every fuzz target shares: splitting an input into parts, and a check
+// that reports a broken property and aborts (libFuzzer keeps the input).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace orpheus::fuzz {
+
+/// The input as text.
+inline std::string_view text_of(const std::uint8_t* data, std::size_t size) {
+  return {reinterpret_cast<const char*>(data), size};
+}
+
+/// `in` cut at every `separator`: at most `max_parts` parts, the last one
+/// keeping the rest (separators included).
+inline std::vector<std::string_view> split(std::string_view in, std::string_view separator,
+                                           std::size_t max_parts) {
+  std::vector<std::string_view> parts;
+  while (parts.size() + 1 < max_parts) {
+    const auto at = in.find(separator);
+    if (at == std::string_view::npos) break;
+    parts.push_back(in.substr(0, at));
+    in.remove_prefix(at + separator.size());
+  }
+  parts.push_back(in);
+  return parts;
+}
+
+/// `s` as the string view type of the library that takes it (Boost 1.74's
+/// Beast takes boost::string_view, not std::string_view).
+template <class View>
+View as(std::string_view s) {
+  return View(s.data(), s.size());
+}
+
+/// Printable: the bytes of `s` with anything outside 0x20..0x7E as \xNN.
+inline std::string shown(std::string_view s) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7F && u != '\\') {
+      out += c;
+    } else {
+      out += "\\x";
+      out += digits[u >> 4];
+      out += digits[u & 0xF];
+    }
+  }
+  return out;
+}
+
+[[noreturn]] inline void broken(const char* file, int line, const char* property,
+                                const std::string& detail) {
+  std::fprintf(stderr, "%s:%d: property broken: %s\n  %s\n", file, line, property, detail.c_str());
+  std::abort();
+}
+
+}  // namespace orpheus::fuzz
+
+/// Aborts with `detail` (a std::string expression) when `property` is false.
+#define FUZZ_CHECK(property, detail)                                                   \
+  do {                                                                                 \
+    if (!(property)) ::orpheus::fuzz::broken(__FILE__, __LINE__, #property, (detail)); \
+  } while (false)
