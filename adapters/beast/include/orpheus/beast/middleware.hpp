@@ -17,7 +17,8 @@
 //  3. fingerprints method, target, chosen headers and the body (JSON bodies
 //     canonicalised: key order and spacing do not matter; a JSON body nested
 //     deeper than `max_json_depth` is 400 at once; form bodies with their
-//     fields ordered by name, repeated fields kept in the order sent);
+//     fields ordered by decoded name, repeated fields kept in the order
+//     sent);
 //  4. runs manager::process() on the bounded work_pool, never on the io
 //     thread; a full queue answers 503, retryable. A request without a key
 //     (where none is required) runs under a random key of its own, and its
