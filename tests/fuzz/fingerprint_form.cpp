@@ -101,14 +101,6 @@ payload check_body(std::string_view body) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const auto bodies = orpheus::fuzz::split(orpheus::fuzz::text_of(data, size), "\n--\n", 2);
-  const payload a = check_body(bodies[0]);
-  if (bodies.size() == 2) {
-    const payload b = check_body(bodies[1]);
-    const bool same_fingerprint = orpheus::fingerprint_of(canonical_body(bodies[0])) ==
-                                  orpheus::fingerprint_of(canonical_body(bodies[1]));
-    FUZZ_CHECK(!same_fingerprint || a == b,
-               "one fingerprint for " + shown(bodies[0]) + " and " + shown(bodies[1]));
-  }
+  orpheus::fuzz::one_fingerprint_one_payload(data, size, check_body, canonical_body);
   return 0;
 }

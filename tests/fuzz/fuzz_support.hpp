@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "orpheus/request.hpp"
+
 namespace orpheus::fuzz {
 
 /// The input as text.
@@ -69,3 +71,25 @@ inline std::string shown(std::string_view s) {
   do {                                                                                 \
     if (!(property)) ::orpheus::fuzz::broken(__FILE__, __LINE__, #property, (detail)); \
   } while (false)
+
+namespace orpheus::fuzz {
+
+/// The fingerprint targets' shared property: the input is one body, or two
+/// split at "\n--\n"; `check(body)` checks one body and returns its payload,
+/// and two bodies whose canonical forms (`canonical(body)`) have one
+/// fingerprint must have one payload.
+template <class Check, class Canonical>
+void one_fingerprint_one_payload(const std::uint8_t* data, std::size_t size, Check check,
+                                 Canonical canonical) {
+  const auto bodies = split(text_of(data, size), "\n--\n", 2);
+  const auto a = check(bodies[0]);
+  if (bodies.size() == 2) {
+    const auto b = check(bodies[1]);
+    const bool same_fingerprint = orpheus::fingerprint_of(canonical(bodies[0])) ==
+                                  orpheus::fingerprint_of(canonical(bodies[1]));
+    FUZZ_CHECK(!same_fingerprint || a == b,
+               "one fingerprint for " + shown(bodies[0]) + " and " + shown(bodies[1]));
+  }
+}
+
+}  // namespace orpheus::fuzz
