@@ -1,0 +1,67 @@
+// The bank, as an orpheus::payment::gateway: the bank simulator over HTTP
+// (--bank URL), or an in-process ledger (--bank inproc) for benchmarks.
+// orpheus::payment::charge_once() does the rest (downstream key, status
+// query first on retries, classification).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "orpheus/beast/client.hpp"
+#include "orpheus/payment/charge.hpp"
+
+namespace examples::payments_server {
+
+// The bank simulator's protocol: POST /charges, GET /charges/KEY.
+//
+// Every bank call goes through one http_client: kept-alive connections, at
+// most one per worker (a worker makes one bank call at a time), instead of a
+// new io_context, socket, epoll instance and timerfd per call (issue 8). A
+// charge is never re-sent by the client once written (at_most_once): a lost
+// answer is `reset`, and charge_once() asks the bank for the status. The
+// status query is a read, so it may be re-sent (idempotent).
+class bank_gateway final : public orpheus::payment::gateway {
+ public:
+  bank_gateway(orpheus::beast::http_endpoint bank, std::size_t connections);
+
+  orpheus::payment::gateway_answer charge(const orpheus::payment::charge_request& r,
+                                          const std::string& key,
+                                          std::chrono::milliseconds timeout) override;
+  orpheus::payment::gateway_answer status(const std::string& key,
+                                          std::chrono::milliseconds timeout) override;
+
+ private:
+  orpheus::payment::gateway_answer call(orpheus::beast::http_request req,
+                                        std::chrono::milliseconds timeout,
+                                        orpheus::beast::delivery d);
+
+  orpheus::beast::http_endpoint bank_;
+  orpheus::beast::http_client http_;
+};
+
+// The bank simulator's ledger without the HTTP: one charge per idempotency
+// key, every later charge or status query with that key answers the first
+// outcome, never a fault. Its maps grow with every key (about 150 bytes
+// each): measure memory over long runs with the HTTP bank.
+class inproc_bank final : public orpheus::payment::gateway {
+ public:
+  orpheus::payment::gateway_answer charge(const orpheus::payment::charge_request& r,
+                                          const std::string& key,
+                                          std::chrono::milliseconds) override;
+  orpheus::payment::gateway_answer status(const std::string& key,
+                                          std::chrono::milliseconds) override;
+
+  /// The bank simulator's GET /ledger.
+  [[nodiscard]] std::string ledger();
+
+ private:
+  std::mutex m_;
+  std::map<std::string, std::string> by_key_;
+  std::map<std::string, int> charged_refs_;
+  long charges_ = 0;
+};
+
+}  // namespace examples::payments_server

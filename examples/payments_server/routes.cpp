@@ -1,0 +1,72 @@
+#include "routes.hpp"
+
+#include <cstdint>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "create_payment.hpp"
+#include "orpheus/beast/middleware.hpp"
+
+namespace examples::payments_server {
+
+namespace http = boost::beast::http;
+using orpheus::beast::http_request;
+using orpheus::beast::http_response;
+using orpheus::beast::make_response;
+
+namespace {
+
+// GET /v1/payments/ID, on a pool thread: the caller's payment, or 404.
+http_response find_payment(orpheus::store& store, const http_request& r) {
+  const std::string id = std::string(r.target()).substr(13);
+  const std::string client(r["X-Client-Id"]);
+  std::size_t shard = 0;
+  if (id.rfind("pay_", 0) == 0) shard = std::strtoul(id.c_str() + 4, nullptr, 10);
+  if (client.empty() || shard >= store.shard_count()) {
+    return make_response(404, R"({"error":"not found"})", "application/json");
+  }
+  auto t = store.begin_on_shard(shard);
+  // Scoped to the caller: another client's payment is "not found".
+  const auto rows = t->query(
+      "SELECT id, amount, currency, customer, state, charge_id "
+      "FROM payments WHERE id = ? AND client = ?",
+      id, client);
+  t->commit();
+  if (rows.empty()) return make_response(404, R"({"error":"not found"})", "application/json");
+  const auto& row = rows[0];
+  nlohmann::json j{{"id", row.get<std::string>(0)},
+                   {"amount", row.get<std::int64_t>(1)},
+                   {"currency", row.get<std::string>(2)},
+                   {"customer", row.get<std::string>(3)},
+                   {"status", row.get<std::string>(4)},
+                   {"charge_id", row.is_null(5) ? "" : row.get<std::string>(5)}};
+  return make_response(200, j.dump(), "application/json");
+}
+
+}  // namespace
+
+orpheus::beast::handler routes(services s) {
+  return [s](http_request&& req, orpheus::beast::responder respond) {
+    const std::string target(req.target());
+    if (req.method() == http::verb::post && target == "/v1/payments") {
+      return create_payment(s.mw, s.bank, s.stats, std::move(req), respond);
+    }
+    if (req.method() == http::verb::get && target.rfind("/v1/payments/", 0) == 0) {
+      return s.mw.run_blocking(std::move(req), respond, [&store = s.store](const http_request& r) {
+        return find_payment(store, r);
+      });
+    }
+    if (req.method() == http::verb::get && target == "/healthz")
+      return respond(make_response(200, "ok\n"));
+    if (s.inproc != nullptr && req.method() == http::verb::get && target == "/ledger") {
+      return respond(make_response(200, s.inproc->ledger(), "application/json"));
+    }
+    if (req.method() == http::verb::get && target == "/metrics") {
+      return respond(make_response(200, s.stats.text(), "text/plain; version=0.0.4"));
+    }
+    respond(make_response(404, "not found\n"));
+  };
+}
+
+}  // namespace examples::payments_server
