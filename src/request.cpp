@@ -4,53 +4,83 @@
 
 #include <array>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 #include <vector>
 
+#include "orpheus/detail/hex.hpp"
 #include "sha256.hpp"
 
 namespace orpheus {
 namespace {
 
-std::string hex(const unsigned char* data, std::size_t n) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out(n * 2, '0');
-  for (std::size_t i = 0; i < n; ++i) {
-    out[2 * i] = digits[data[i] >> 4];
-    out[2 * i + 1] = digits[data[i] & 0xF];
-  }
-  return out;
-}
-
-// Keys and scopes: 1..255 bytes of printable ASCII, no space at either end
-// (it would not survive an HTTP header round trip).
-void check_token(std::string_view what, std::string_view code, std::string_view v,
-                 std::size_t max) {
-  if (v.empty()) {
-    throw bad_input_error(code, std::string(what) + " is empty");
-  }
+// Keys and scopes: 1..max bytes of printable ASCII, no space at either end
+// (it would not survive an HTTP header round trip). `what` names the part.
+std::optional<std::string> token_problem(std::string_view what, std::string_view v,
+                                         std::size_t max) {
+  if (v.empty()) return std::string(what) + " is empty";
   if (v.size() > max) {
-    throw bad_input_error(code,
-                          std::string(what) + " is longer than " + std::to_string(max) + " bytes");
+    return std::string(what) + " is longer than " + std::to_string(max) + " bytes";
   }
   for (const char c : v) {
     const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u > 0x7E) {
-      throw bad_input_error(code, std::string(what) + " has a byte outside printable ASCII");
-    }
+    if (u < 0x20 || u > 0x7E) return std::string(what) + " has a byte outside printable ASCII";
   }
   if (v.front() == ' ' || v.back() == ' ') {
-    throw bad_input_error(code, std::string(what) + " starts or ends with a space");
+    return std::string(what) + " starts or ends with a space";
   }
+  return std::nullopt;
+}
+
+std::string_view without_white_space(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
 }
 
 }  // namespace
 
+std::optional<std::string> invalid_key_reason(std::string_view key) {
+  return token_problem("idempotency key", key, max_key_bytes);
+}
+
+std::optional<std::string> invalid_scope_reason(std::string_view scope) {
+  return token_problem("scope", scope, max_scope_bytes);
+}
+
+std::string key_header_value(std::string_view key) {
+  if (key.empty() || key.front() != '"') return std::string(key);
+  std::string quoted = "\"";
+  for (const char c : key) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + '"';
+}
+
+std::optional<std::string> key_of_header_value(std::string_view value) {
+  std::string_view v = without_white_space(value);
+  if (v.empty() || v.front() != '"') return std::string(v);
+  if (v.size() < 2 || v.back() != '"') return std::nullopt;
+  v = v.substr(1, v.size() - 2);
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v[i] == '\\') {
+      if (i + 1 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\')) return std::nullopt;
+      out += v[++i];
+    } else if (v[i] == '"') {
+      return std::nullopt;
+    } else {
+      out += v[i];
+    }
+  }
+  return out;
+}
+
 void validate(const request_id& id) {
-  check_token("idempotency key", codes::invalid_key, id.key, max_key_bytes);
-  check_token("scope", codes::invalid_scope, id.scope, max_scope_bytes);
-  const bool hex64 = id.fingerprint.size() == 64 &&
-                     id.fingerprint.find_first_not_of("0123456789abcdef") == std::string::npos;
-  if (!hex64) {
+  if (auto why = invalid_key_reason(id.key)) throw bad_input_error(codes::invalid_key, *why);
+  if (auto why = invalid_scope_reason(id.scope)) throw bad_input_error(codes::invalid_scope, *why);
+  if (!detail::is_lowercase_hex(id.fingerprint, 64)) {
     throw bad_input_error(codes::invalid_fingerprint,
                           "fingerprint must be 64 lowercase hex characters "
                           "(SHA-256, see orpheus::fingerprint_of)");
@@ -62,12 +92,11 @@ std::string random_token(std::size_t bytes) {
   if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
     throw retryable_error("no_randomness", "no randomness for a token; retry later");
   }
-  return hex(b.data(), b.size());
+  return detail::lowercase_hex(b);
 }
 
 std::string fingerprint_of(std::string_view canonical) {
-  const auto d = detail::sha256(canonical);
-  return hex(d.data(), d.size());
+  return detail::lowercase_hex(detail::sha256(canonical));
 }
 
 std::string attempt::downstream_key(std::string_view name) const {
@@ -79,7 +108,7 @@ std::string attempt::downstream_key(std::string_view name) const {
     input.append(part);
   }
   const auto d = detail::sha256(input);
-  return "ork_" + hex(d.data(), 20);
+  return "ork_" + detail::lowercase_hex(std::span(d).first(20));
 }
 
 response problem_response(const error_info& e) {

@@ -6,11 +6,14 @@
 //
 // A key is identified by (scope, key): one caller never sees, replays or
 // blocks another caller's key. The fingerprint is a SHA-256 of the canonical
-// request; re-using a key with another fingerprint is rejected (422).
+// request; re-using a key with another fingerprint is rejected (422). Keys
+// and scopes follow one rule, defined here once (invalid_key_reason()) and
+// applied by the core, the Beast middleware and the client helper alike.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -30,10 +33,41 @@ struct request_id {
   std::string fingerprint;
 };
 
-/// Throws bad_input_error (400, not retryable) when the key is empty, longer
-/// than 255 bytes, or has a byte outside printable ASCII (0x20..0x7E), or has
-/// leading or trailing spaces; the same rules for the scope; and when the
-/// fingerprint is not 64 lowercase hex characters. Touches no database.
+/// The key rule, the one definition every part of Orpheus applies (this
+/// core's validate(), the Beast middleware, the client helper): a key is 1 to
+/// max_key_bytes (255) bytes of printable ASCII (0x20..0x7E) with no space at
+/// either end. Inner spaces and quotes are allowed; a leading or trailing
+/// space is not, because HTTP drops the white space around a header value and
+/// " k" would arrive as "k", another request's key (issue 9, fuzzing).
+/// Returns why `key` breaks the rule ("idempotency key is empty", ...), or
+/// nullopt when it keeps it.
+[[nodiscard]] std::optional<std::string> invalid_key_reason(std::string_view key);
+
+/// The same rule for a scope (max_scope_bytes); the reason names the scope.
+[[nodiscard]] std::optional<std::string> invalid_scope_reason(std::string_view scope);
+
+/// The Idempotency-Key header value that carries `key` (a key that keeps the
+/// key rule): the key itself, or, when it starts with '"', an RFC 8941
+/// sf-string ("..." with \" and \\ escapes), which key_of_header_value()
+/// reads back as the key (sent bare, "abc" would read as abc, issue 9).
+[[nodiscard]] std::string key_header_value(std::string_view key);
+
+/// The key an Idempotency-Key header value carries, as the IETF draft reads
+/// it: a bare token, or an RFC 8941 sf-string whose only escapes are \" and
+/// \\, with optional spaces and tabs around either. nullopt when the
+/// quoting is broken. The key rule is not checked here: validate() does.
+[[nodiscard]] std::optional<std::string> key_of_header_value(std::string_view value);
+
+/// Throws bad_input_error (400, not retryable) when the key breaks the key
+/// rule (invalid_key_reason(), code invalid_key), the scope breaks it
+/// (invalid_scope_reason(), code invalid_scope), or the fingerprint is not 64
+/// lowercase hex characters (invalid_fingerprint); the first bad part is
+/// named. Touches no database.
+///
+/// Every validate(x) of Orpheus and its adapters has this contract: it checks
+/// `x`, changes nothing, and throws (bad_input_error for a request's input,
+/// config_error for settings: see validate(const config&) and
+/// client::validate(const retry_policy&)).
 void validate(const request_id& id);
 
 /// SHA-256 of `canonical`, as 64 lowercase hex characters.

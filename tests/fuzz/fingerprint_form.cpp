@@ -24,6 +24,7 @@
 
 #include "fuzz_support.hpp"
 #include "orpheus/beast/middleware.hpp"
+#include "orpheus/detail/hex.hpp"
 
 namespace {
 
@@ -44,12 +45,7 @@ std::string canonical_body(std::string_view body) {
   return all.substr(head.size());
 }
 
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
+using orpheus::detail::hex_digit_value;
 
 // WHATWG application/x-www-form-urlencoded percent-decoding.
 std::string decoded(std::string_view s) {
@@ -57,9 +53,9 @@ std::string decoded(std::string_view s) {
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '+') {
       out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size() && hex_digit(s[i + 1]) >= 0 &&
-               hex_digit(s[i + 2]) >= 0) {
-      out += static_cast<char>(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]));
+    } else if (s[i] == '%' && i + 2 < s.size() && hex_digit_value(s[i + 1]) >= 0 &&
+               hex_digit_value(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex_digit_value(s[i + 1]) * 16 + hex_digit_value(s[i + 2]));
       i += 2;
     } else {
       out += s[i];

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "orpheus/detail/hex.hpp"
 #include "orpheus/request.hpp"
 
 namespace orpheus::fuzz {
@@ -43,16 +44,13 @@ View as(std::string_view s) {
 
 /// Printable: the bytes of `s` with anything outside 0x20..0x7E as \xNN.
 inline std::string shown(std::string_view s) {
-  static constexpr char digits[] = "0123456789abcdef";
   std::string out;
   for (const char c : s) {
     const auto u = static_cast<unsigned char>(c);
     if (u >= 0x20 && u < 0x7F && u != '\\') {
       out += c;
     } else {
-      out += "\\x";
-      out += digits[u >> 4];
-      out += digits[u & 0xF];
+      out += "\\x" + orpheus::detail::lowercase_hex(std::string_view(&c, 1));
     }
   }
   return out;

@@ -5,6 +5,9 @@
 // without a newline is the header value alone (client "c1").
 //
 // Properties:
+//  - the key rule is defined once, in the core (invalid_key_reason(),
+//    invalid_scope_reason()), and that definition says exactly what the
+//    documented rule, restated below as valid_token(), says;
 //  - validate() accepts exactly the documented keys and scopes (1..255 bytes
 //    of 0x20..0x7E, no space at either end) and fingerprints (64 lowercase
 //    hex), and refuses the rest with bad_input_error naming the first bad part;
@@ -15,7 +18,8 @@
 //    400 problem+json that never echoes the key;
 //  - the client (prepared_request) accepts the keys the server accepts, and
 //    each reaches the server as exactly that key: two different client keys
-//    never become one server key.
+//    never become one server key; a key it refuses is refused with the
+//    core's reason.
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +29,7 @@
 #include "fuzz_support.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/client/client.hpp"
+#include "orpheus/detail/hex.hpp"
 #include "orpheus/manager.hpp"
 #include "orpheus/request.hpp"
 
@@ -35,24 +40,30 @@ using orpheus::fuzz::as;
 using orpheus::fuzz::shown;
 using orpheus::fuzz::split;
 
-// The middleware's identify() never touches the store: every call here fails.
-class no_store final : public orpheus::store {
+// The middleware's identify() never touches the store: every call to this
+// backend fails.
+class no_backend final : public orpheus::store_backend {
  public:
   [[nodiscard]] std::size_t shard_count() const override { return 1; }
-  [[nodiscard]] std::size_t shard_of(const orpheus::request_id&) const override { return 0; }
-  std::optional<orpheus::record> read(const orpheus::request_id&) override { fail(); }
-  std::optional<orpheus::record> inspect(const orpheus::request_id&) override { fail(); }
-  std::unique_ptr<orpheus::store_tx> begin(const orpheus::request_id&) override { fail(); }
-  std::unique_ptr<orpheus::store_tx> begin_on_shard(std::size_t) override { fail(); }
-  std::size_t purge_expired(std::size_t, std::size_t) override { fail(); }
-  void migrate() override { fail(); }
-  int schema_version(std::size_t) override { fail(); }
+  [[nodiscard]] const orpheus::sql_dialect& dialect() const override { return dialect_; }
+  [[nodiscard]] std::span<const orpheus::detail::migration> migrations() const override {
+    return {};
+  }
+  std::unique_ptr<orpheus::backend_tx> begin(std::size_t) override { fail(); }
+  orpheus::sql_rows read(std::size_t, std::string_view,
+                         std::span<const orpheus::sql_value>) override {
+    fail();
+  }
+  void exclusively(std::size_t, const std::function<void(orpheus::tx&)>&) override { fail(); }
 
  private:
   [[noreturn]] static void fail() { throw std::logic_error("key_header: the store was used"); }
+  orpheus::sql_dialect dialect_{.bounded_delete = [](std::string_view, std::string_view,
+                                                     std::string_view) { return std::string(); }};
 };
 
-// The documented rule for keys and scopes (request.hpp, README).
+// The documented rule for keys and scopes (request.hpp, README), restated
+// here as the oracle the one definition in the core is checked against.
 bool valid_token(std::string_view v, std::size_t max) {
   if (v.empty() || v.size() > max || v.front() == ' ' || v.back() == ' ') return false;
   for (const char c : v) {
@@ -62,8 +73,14 @@ bool valid_token(std::string_view v, std::size_t max) {
   return true;
 }
 
-bool valid_fingerprint(std::string_view f) {
-  return f.size() == 64 && f.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+bool valid_fingerprint(std::string_view f) { return orpheus::detail::is_lowercase_hex(f, 64); }
+
+// The core's definition of the rule says what the documented rule says.
+void check_rule(std::string_view v) {
+  FUZZ_CHECK(!orpheus::invalid_key_reason(v) == valid_token(v, orpheus::max_key_bytes),
+             "key rule for " + shown(v));
+  FUZZ_CHECK(!orpheus::invalid_scope_reason(v) == valid_token(v, orpheus::max_scope_bytes),
+             "scope rule for " + shown(v));
 }
 
 // The key as an RFC 8941 sf-string.
@@ -97,7 +114,7 @@ std::optional<std::string> meaning(std::string_view v) {
 }
 
 orpheus::beast::middleware& the_middleware() {
-  static auto* store = new no_store;
+  static auto* store = new orpheus::store(std::make_unique<no_backend>());
   static auto* manager = new orpheus::manager(*store);
   static auto* pool = new orpheus::beast::work_pool(1, 1);
   static auto* mw = [] {
@@ -177,6 +194,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string value(parts.size() > 1 ? parts[1] : parts[0]);
   const std::string fp(parts.size() > 2 ? parts[2] : orpheus::fingerprint_of(value));
 
+  check_rule(value);
   check_validate("client:" + client, value, fp);
   check_validate(value, "key-1", fp);
 
@@ -205,10 +223,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                  value);
   } catch (const std::invalid_argument& e) {
     // Refused before anything is sent: only what the server refuses too.
-    FUZZ_CHECK(!valid_token(value, orpheus::max_key_bytes),
+    const auto why = orpheus::invalid_key_reason(value);
+    FUZZ_CHECK(why && *why == e.what(),
                "the client refuses the key " + shown(value) + ": " + e.what());
     return 0;
   }
+  FUZZ_CHECK(
+      sent->message("Idempotency-Key")["Idempotency-Key"] == orpheus::key_header_value(value),
+      "the client wrote " + shown(value) + " its own way");
   const auto on_server = identified(sent->message("Idempotency-Key"));
   FUZZ_CHECK(on_server == sent->key(), "client key " + shown(sent->key()) +
                                            " reached the server as " +

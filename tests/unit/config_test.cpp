@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <limits>
 
@@ -7,6 +8,8 @@
 
 namespace orpheus {
 namespace {
+
+using namespace std::chrono_literals;
 
 void expect_refused(const config& c) {
   try {

@@ -4,6 +4,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "orpheus/detail/hex.hpp"
 #include "orpheus/log.hpp"
 
 namespace orpheus::beast {
@@ -22,29 +23,6 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-// The key as sent: a bare token, or an RFC 8941 sf-string ("..." with \" and
-// \\ escapes), as the IETF Idempotency-Key draft specifies. nullopt when the
-// quoting is broken.
-std::optional<std::string> unquote(std::string_view v) {
-  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  if (v.empty() || v.front() != '"') return std::string(v);
-  if (v.size() < 2 || v.back() != '"') return std::nullopt;
-  v = v.substr(1, v.size() - 2);
-  std::string out;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (v[i] == '\\') {
-      if (i + 1 >= v.size() || (v[i + 1] != '"' && v[i + 1] != '\\')) return std::nullopt;
-      out += v[++i];
-    } else if (v[i] == '"') {
-      return std::nullopt;
-    } else {
-      out += v[i];
-    }
-  }
-  return out;
-}
-
 // Form bodies: the same fields in another order are the same request. Only
 // the NAMES are ordered, stably: the order of a repeated field is part of its
 // meaning. (Issue 7, defect 2: sorting whole "name=value" fields gave
@@ -55,20 +33,16 @@ std::optional<std::string> unquote(std::string_view v) {
 // %61mount=5&amount=100 were one fingerprint, though both send "amount"
 // twice, in another order. The fields themselves are kept as sent.
 std::string canonical_form(std::string_view body) {
-  auto hex = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
+  using orpheus::detail::hex_digit_value;
   auto decoded_name = [&](std::string_view f) {
     f = f.substr(0, f.find('='));
     std::string out;
     for (std::size_t i = 0; i < f.size(); ++i) {
       if (f[i] == '+') {
         out += ' ';
-      } else if (f[i] == '%' && i + 2 < f.size() && hex(f[i + 1]) >= 0 && hex(f[i + 2]) >= 0) {
-        out += static_cast<char>(hex(f[i + 1]) * 16 + hex(f[i + 2]));
+      } else if (f[i] == '%' && i + 2 < f.size() && hex_digit_value(f[i + 1]) >= 0 &&
+                 hex_digit_value(f[i + 2]) >= 0) {
+        out += static_cast<char>(hex_digit_value(f[i + 1]) * 16 + hex_digit_value(f[i + 2]));
         i += 2;
       } else {
         out += f[i];
@@ -174,7 +148,10 @@ std::variant<request_id, http_response> middleware::identify(const http_request&
   std::optional<std::string> key;
   const auto field = req.find(options_.key_header);
   if (field != req.end()) {
-    key = unquote(sv(field->value()));
+    // The header's reading is the core's (key_of_header_value), the key rule
+    // the core's too (validate, below): the client helper sends with the same
+    // pair, so a key it accepts is a key this accepts.
+    key = key_of_header_value(sv(field->value()));
     if (!key) {
       return error_response(
           error_info{400, std::string(codes::invalid_key),

@@ -5,6 +5,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "orpheus/error.hpp"
+#include "orpheus/request.hpp"
+
 namespace orpheus::client {
 
 namespace http = boost::beast::http;
@@ -17,34 +20,17 @@ prepared_request::prepared_request(http::verb method, std::string target, std::s
       body_(std::move(body)),
       headers_(std::move(headers)),
       key_(std::move(key)) {
-  if (key_.empty() || key_.size() > 255)
-    throw std::invalid_argument("idempotency key: 1 to 255 bytes");
-  for (const char c : key_) {
-    if (c < 0x20 || c > 0x7E) throw std::invalid_argument("idempotency key: printable ASCII only");
-  }
-  // HTTP drops the white space around a header value: " k" reached the
-  // server as "k", another request's key (issue 9, fuzzing). The server
-  // refuses such keys (orpheus::validate), so the client does too.
-  if (key_.front() == ' ' || key_.back() == ' ')
-    throw std::invalid_argument("idempotency key: no space at either end");
+  // The server's rule, not a copy of it: a key refused here is a key the
+  // server would refuse (issue 9, fuzzing: " k" reached the server as "k").
+  if (auto why = invalid_key_reason(key_)) throw std::invalid_argument(*why);
 }
 
 http_request prepared_request::message(const std::string& key_header) const {
   http_request req{method_, target_, 11};
   for (const auto& [name, value] : headers_) req.set(name, value);
-  if (key_.front() == '"') {
-    // Sent bare, the server reads a key that starts with '"' as an RFC 8941
-    // sf-string: "abc" arrived as abc, another request's key, and "abc as
-    // a 400 (issue 9, fuzzing). Quoted, it arrives as itself.
-    std::string quoted = "\"";
-    for (const char c : key_) {
-      if (c == '"' || c == '\\') quoted += '\\';
-      quoted += c;
-    }
-    req.set(key_header, quoted + '"');
-  } else {
-    req.set(key_header, key_);
-  }
+  // A key that starts with '"' goes quoted, else the server would read it
+  // as an sf-string: "abc" arrived as abc, another request's key (issue 9).
+  req.set(key_header, key_header_value(key_));
   req.body() = body_;
   req.prepare_payload();
   return req;
@@ -128,8 +114,8 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
 idempotent_client::idempotent_client(http_endpoint server, client_options options)
     : server_(std::move(server)), options_(std::move(options)) {
   validate(options_.policy);
-  if (!options_.budget) throw std::invalid_argument("client_options: no retry budget");
-  if (options_.key_header.empty()) throw std::invalid_argument("client_options: empty key header");
+  if (!options_.budget) throw config_error("client_options: no retry budget");
+  if (options_.key_header.empty()) throw config_error("client_options: empty key header");
   if (!options_.http) options_.http = std::make_shared<beast::http_client>();
 }
 

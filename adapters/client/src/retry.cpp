@@ -6,7 +6,12 @@
 #include <array>
 #include <cstring>
 #include <ctime>
+#include <span>
 #include <stdexcept>
+
+#include "orpheus/detail/hex.hpp"
+#include "orpheus/error.hpp"
+#include "orpheus/request.hpp"
 
 namespace orpheus::client {
 
@@ -17,14 +22,12 @@ std::string new_idempotency_key() {
   }
   b[6] = static_cast<unsigned char>((b[6] & 0x0F) | 0x40);  // version 4
   b[8] = static_cast<unsigned char>((b[8] & 0x3F) | 0x80);  // RFC 4122 variant
-  static constexpr char d[] = "0123456789abcdef";
-  std::string out;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    out += d[b[i] >> 4];
-    out += d[b[i] & 0xF];
-  }
-  return out;
+  // 8-4-4-4-12 hex digits.
+  const std::span<const unsigned char> all(b);
+  std::string out = orpheus::detail::lowercase_hex(all.first(4));
+  for (const std::size_t at : {4, 6, 8})
+    out += '-' + orpheus::detail::lowercase_hex(all.subspan(at, 2));
+  return out + '-' + orpheus::detail::lowercase_hex(all.subspan(10));
 }
 
 std::string entity_key(std::string_view entity, std::string_view id, std::string_view action) {
@@ -37,7 +40,7 @@ std::string entity_key(std::string_view entity, std::string_view id, std::string
     if (!out.empty()) out += '-';
     out.append(part);
   }
-  if (out.size() > 255) throw std::invalid_argument("entity_key: longer than 255 bytes");
+  if (auto why = invalid_key_reason(out)) throw std::invalid_argument("entity_key: " + *why);
   return out;
 }
 
@@ -75,12 +78,12 @@ std::optional<std::chrono::milliseconds> parse_retry_after(
 }
 
 void validate(const retry_policy& p) {
-  if (p.max_attempts < 1) throw std::invalid_argument("retry_policy: max_attempts < 1");
+  if (p.max_attempts < 1) throw config_error("retry_policy: max_attempts < 1");
   if (p.base_delay.count() <= 0 || p.max_delay < p.base_delay) {
-    throw std::invalid_argument("retry_policy: need 0 < base_delay <= max_delay");
+    throw config_error("retry_policy: need 0 < base_delay <= max_delay");
   }
   if (p.deadline.count() <= 0 || p.attempt_timeout.count() <= 0) {
-    throw std::invalid_argument("retry_policy: deadline and attempt_timeout must be positive");
+    throw config_error("retry_policy: deadline and attempt_timeout must be positive");
   }
 }
 

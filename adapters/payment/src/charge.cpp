@@ -60,7 +60,7 @@ gateway_status status_of_http(unsigned http_status) noexcept {
   return gateway_status::server_error;
 }
 
-std::string classify(const gateway_answer& answer) {
+std::string charge_id_of(const gateway_answer& answer) {
   switch (answer.status) {
     case gateway_status::charged:
       return answer.charge_id;
@@ -113,7 +113,7 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
     switch (known.status) {
       case gateway_status::charged:
       case gateway_status::declined:
-        return classify(known);
+        return charge_id_of(known);
       case gateway_status::not_found:
         break;
       default:
@@ -121,7 +121,7 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         "the status query did not settle the earlier charge: " + known.detail);
     }
   }
-  return classify(g.charge(r, key, time_left()));
+  return charge_id_of(g.charge(r, key, time_left()));
 }
 
 }  // namespace orpheus::payment

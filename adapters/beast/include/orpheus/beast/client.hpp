@@ -153,9 +153,8 @@ class http_client {
   void async_send(const http_endpoint& to, http_request req, std::chrono::milliseconds timeout,
                   std::function<void(http_result)> done, delivery d = delivery::at_most_once);
 
-  struct impl;  ///< implementation detail (client.cpp)
-
  private:
+  struct impl;
   std::unique_ptr<impl> impl_;
 };
 

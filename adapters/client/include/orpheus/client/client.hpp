@@ -48,15 +48,17 @@ using beast::http_response;
 /// A logical request, fixed once.
 class prepared_request {
  public:
-  /// Throws std::invalid_argument when the key is not 1 to 255 bytes of
-  /// printable ASCII without a space at either end (what the server accepts).
+  /// Throws std::invalid_argument, with orpheus::invalid_key_reason()'s text,
+  /// when the key breaks the key rule (orpheus/request.hpp): the server's own
+  /// rule, so the client refuses exactly the keys the server would refuse.
   prepared_request(boost::beast::http::verb method, std::string target, std::string body,
                    std::vector<std::pair<std::string, std::string>> headers = {},
                    std::string key = new_idempotency_key());
 
   [[nodiscard]] const std::string& key() const noexcept { return key_; }
   [[nodiscard]] const std::string& body() const noexcept { return body_; }
-  /// A fresh HTTP message for one attempt, carrying the key.
+  /// A fresh HTTP message for one attempt, carrying the key as
+  /// orpheus::key_header_value() writes it (quoted when it starts with '"').
   [[nodiscard]] http_request message(const std::string& key_header) const;
 
  private:
@@ -128,7 +130,8 @@ class retry_loop {
 
 class idempotent_client {
  public:
-  /// Throws std::invalid_argument on a bad policy or a missing budget.
+  /// Throws orpheus::config_error on a bad policy (validate()), a missing
+  /// budget or an empty key header.
   explicit idempotent_client(http_endpoint server, client_options options = {});
 
   /// Sends until a final answer or a stop; see call_result.

@@ -41,7 +41,8 @@ namespace orpheus::client {
 /// An entity-level key, for operations that must happen once per entity
 /// rather than once per request: entity_key("payment", "1234", "refund")
 /// is "payment-1234-refund". Throws std::invalid_argument on parts that are
-/// empty or not printable ASCII.
+/// empty or not printable ASCII without spaces, or when the whole breaks the
+/// key rule (orpheus::invalid_key_reason(): longer than 255 bytes).
 [[nodiscard]] std::string entity_key(std::string_view entity, std::string_view id,
                                      std::string_view action);
 
@@ -89,7 +90,9 @@ struct retry_policy {
   std::chrono::milliseconds attempt_timeout{30000};  ///< for one attempt, lookup included
 };
 
-/// Throws std::invalid_argument on a policy that cannot work.
+/// Throws orpheus::config_error (not retryable) on a policy that cannot work;
+/// changes nothing. The contract of every validate(x) in Orpheus, as
+/// orpheus::validate(const config&) and orpheus::validate(const request_id&).
 void validate(const retry_policy& p);
 
 /// The wait before retry number `retry` (1 for the first retry): a uniform

@@ -13,7 +13,8 @@
 //    (not_found). Any other answer to that query that is not "charged" or
 //    "declined" (refused, 409 busy, 429, 5xx, timeout, reset, no connection)
 //    leaves the earlier charge unknown: retryable and in doubt, no charge;
-//  - classifies what the gateway said about a charge, in one place:
+//  - classifies what the gateway said about a charge, in one place
+//    (charge_id_of()):
 //      charged                          the charge (success)
 //      declined                         non_retryable_error card_declined, 402
 //      invalid                          non_retryable_error invalid_payment, 422
@@ -103,10 +104,16 @@ class gateway {
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         std::string_view step = "charge");
 
-/// The classification of a charge's answer alone (exposed for gateways with
-/// their own flow). Returns the charge id for `charged`; throws for
-/// everything else. Not for status answers: on a retry, charge_once() treats
-/// every status answer but charged, declined and not_found as unknown.
-std::string classify(const gateway_answer& answer);
+/// The charge id a charge's answer carries (exposed for gateways with their
+/// own flow): answer.charge_id for `charged`; for everything else, throws the
+/// orpheus::error classified as above. Not for status answers: on a retry,
+/// charge_once() treats every status answer but charged, declined and
+/// not_found as unknown.
+[[nodiscard]] std::string charge_id_of(const gateway_answer& answer);
+
+/// The old name of charge_id_of(): it returns the charge id, not a class.
+[[deprecated("use charge_id_of()")]] inline std::string classify(const gateway_answer& answer) {
+  return charge_id_of(answer);
+}
 
 }  // namespace orpheus::payment
