@@ -1,6 +1,6 @@
 // orpheus::manager — makes a handler idempotent.
 //
-// A request is split in three phases (SPEC section 1):
+// A request is split in three phases (docs/contract.md):
 //   Pre-RPC   database only, in transaction 1 with the library's lease row;
 //             its result is serialised (nlohmann::json) and stored, and it
 //             runs at most once per key: a retry gets the stored result.
@@ -12,16 +12,9 @@
 //             post(tx, attempt, pre_state, outcome): the Pre-RPC result is
 //             there even when the RPC failed.
 //
-//   /// [process]
-//   orpheus::response r = manager.process(
-//       id,
-//       [&](orpheus::tx& tx) { return record_payment(tx, req); },
-//       [&](const orpheus::attempt& a, const payment& p) {
-//         return bank.charge(p, a.downstream_key("charge"), a.is_retry());
-//       },
-//       [&](orpheus::tx& tx, const orpheus::attempt&,
-//           const orpheus::outcome<charge>& o) { return record_result(tx, o); });
-//   /// [process]
+// A complete call, compiled and run by the tests: examples/1_quickstart/main.cpp
+// (the code README.md quotes). Behind HTTP, with a real bank call as the RPC:
+// examples/payments_server/create_payment.cpp.
 //
 // What process() returns: the response to send — produced now, or replayed
 // from the record (response::replayed), including recorded failures.
@@ -78,22 +71,20 @@
 
 namespace orpheus {
 
-using namespace std::chrono_literals;
-
 struct config {
   /// How long an attempt holds a key. A crashed attempt blocks its key this
   /// long, then the next retry takes over.
-  std::chrono::milliseconds lease = 30s;
+  std::chrono::milliseconds lease = std::chrono::seconds{30};
   /// Deadline of the RPC phase; must be shorter than the lease so that
   /// Post-RPC still runs under a live lease.
-  std::chrono::milliseconds rpc_timeout = 20s;
+  std::chrono::milliseconds rpc_timeout = std::chrono::seconds{20};
   /// After this long since the first attempt, a key that has not finished is
   /// recorded as a terminal failure instead of being retried.
-  std::chrono::milliseconds retry_window = 24h;
+  std::chrono::milliseconds retry_window = std::chrono::hours{24};
   /// Attempts (first one included) before a terminal failure is recorded.
   int max_attempts = 10;
   /// How long terminal records are kept (and replayed) before purge.
-  std::chrono::milliseconds retention = 24h * 7;
+  std::chrono::milliseconds retention = std::chrono::hours{24 * 7};
   /// How exceptions that are not orpheus::error are classified.
   unclassified_policy unclassified = unclassified_policy::non_retryable;
 };
@@ -105,7 +96,7 @@ void validate(const config& c);
 struct process_options {
   /// When another attempt holds the lease, wait up to this long for it to
   /// finish and answer with its recorded response (0: answer 409 at once).
-  std::chrono::milliseconds wait_for = 0ms;
+  std::chrono::milliseconds wait_for{0};
   /// How long this request's terminal record is kept, when not the manager's
   /// config::retention. For requests nobody can replay (a key the server
   /// made up for a request that came without one): 0ms, purged next time.

@@ -3,10 +3,15 @@
 // and tests). Asio stays inside server.cpp: including this header costs only
 // Beast's message types.
 //
-//   orpheus::beast::server s({.port = 8080}, [&](http_request&& req, responder respond) {
-//     respond(make_text(200, "ok"));            // may be called later, on any thread
+//   orpheus::beast::server s({.port = 8080}, [](http_request&& req, responder respond) {
+//     if (req.target() == "/healthz") return respond(make_response(200, "ok\n"));
+//     respond(make_response(404, "not found\n"));  // or later, from any thread
 //   });
 //   s.start();
+//
+// A complete program that wraps its handler with the middleware:
+// examples/3_wrap_beast_handler/main.cpp; a complete service:
+// examples/payments_server (routes.cpp, main.cpp).
 //
 // Limits are enforced before the handler runs: a header block over
 // `header_limit` is answered 431, a body over `body_limit` 413, a malformed
@@ -93,9 +98,9 @@ class server {
   /// Connections open now (for tests and metrics).
   [[nodiscard]] std::size_t connections() const;
 
-  struct impl;  ///< implementation detail (server.cpp)
-
  private:
+  struct impl;           // server.cpp
+  friend class session;  // server.cpp: a connection, holds the impl alive
   std::shared_ptr<impl> impl_;
 };
 
