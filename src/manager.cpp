@@ -1,4 +1,4 @@
-// The algorithm of SPEC section 4. Read this file top to bottom: run() is the
+// The algorithm of docs/state-machine.md. Read this file top to bottom: run() is the
 // whole story, the helpers below it are its steps.
 #include "orpheus/manager.hpp"
 
@@ -8,6 +8,7 @@
 #include <limits>
 #include <thread>
 
+#include "orpheus/detail/records.hpp"
 #include "orpheus/log.hpp"
 #include "pre_state.hpp"
 
@@ -15,6 +16,7 @@ namespace orpheus {
 namespace {
 
 using clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 std::int64_t micros(std::chrono::milliseconds d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
@@ -112,7 +114,7 @@ namespace {
 void release_quietly(store& s, const request_id& id, std::string_view owner,
                      std::string_view why) noexcept {
   try {
-    auto t = s.begin(id);
+    auto t = detail::begin_record_tx(s, id);
     if (t->release(id, owner, why)) {
       t->commit();
     } else {
@@ -128,7 +130,7 @@ void release_quietly(store& s, const request_id& id, std::string_view owner,
 /// Under transaction 2: keeps this attempt's lease until `until` instead of
 /// releasing it. Used when the RPC's outcome is unknown: the call may still be
 /// running downstream, and a retry must not overlap it. Fenced like release().
-bool hold_until(store_tx& t, const request_id& id, std::string_view owner,
+bool hold_until(detail::record_tx& t, const request_id& id, std::string_view owner,
                 std::chrono::steady_clock::time_point until, const lease_terms& terms) {
   const std::optional<record> r = t.lock(id);
   if (!r || r->state != record_state::in_progress || r->lease_owner != owner) return false;
@@ -145,7 +147,7 @@ bool hold_until(store_tx& t, const request_id& id, std::string_view owner,
 /// commit on its own, apart from the handler's writes.
 class app_tx final : public tx {
  public:
-  explicit app_tx(store_tx& t) : t_(t) {}
+  explicit app_tx(detail::record_tx& t) : t_(t.statements()) {}
   sql_rows query_values(std::string_view sql, std::span<const sql_value> params) override {
     refuse_transaction_control(sql);
     return t_.query_values(sql, params);
@@ -224,7 +226,7 @@ class app_tx final : public tx {
     }
   }
 
-  store_tx& t_;
+  backend_tx& t_;
 };
 
 /// Why the stored Pre-RPC result could not be handed to this attempt.
@@ -285,7 +287,7 @@ response manager::run(const request_id& id, const detail::phases& p,
     std::string owner = random_token();
     std::optional<error_info> unreadable;  // a take-over that cannot go on
     try {
-      auto t = store_.begin(id);
+      auto t = detail::begin_record_tx(store_, id);
       app_tx handler_tx(*t);
       if (!seen) {
         if (t->insert(id, owner, terms)) {
@@ -412,7 +414,7 @@ response manager::run(const request_id& id, const detail::phases& p,
 
     // 4. Record (transaction 2), fenced by the owner token.
     try {
-      auto t = store_.begin(id);
+      auto t = detail::begin_record_tx(store_, id);
       app_tx handler_tx(*t);
       response r;
       try {

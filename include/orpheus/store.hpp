@@ -1,17 +1,18 @@
-// The storage seam: what a backend must do for the library.
+// The idempotency records and the store that keeps them.
 //
-// The core decides the state machine (SPEC section 4); a backend only runs
-// short, fenced statements against the master of the key's shard and reports
-// failures as orpheus::storage_error, classified in one place per backend.
-// Times are microseconds since the Unix epoch on the DATABASE's clock: every
-// statement that sets or compares a lease time computes "now" in SQL, and
-// every read returns that "now" so the core can compare on the same clock.
+// The core decides the state machine (docs/state-machine.md) and writes its
+// SQL once (src/records.cpp); a backend (backend.hpp) only runs short, fenced
+// statements against the master of the key's shard and reports failures as
+// orpheus::storage_error, classified in one place per backend. Times are
+// microseconds since the Unix epoch on the DATABASE's clock: every statement
+// that sets or compares a lease time computes "now" in SQL, and every read
+// returns that "now" so the core can compare on the same clock.
 //
 // Backends: orpheus/store/sqlite.hpp (embedded default), orpheus/store/mysql.hpp
 // (production, sharded). Both pass tests/integration/conformance_test.cpp.
 //
-// Thread safety: a store is shared by all threads; a store_tx belongs to the
-// one thread that began it.
+// Thread safety: a store is shared by all threads; a transaction belongs to
+// the one thread that began it.
 #pragma once
 
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <string>
 #include <string_view>
 
+#include "orpheus/backend.hpp"
 #include "orpheus/request.hpp"
 #include "orpheus/tx.hpp"
 
@@ -64,71 +66,52 @@ struct lease_terms {
   std::int64_t retention_us = 0;
 };
 
-/// The library's side of a transaction on one shard. It is also the `tx` the
-/// application's Pre/Post-RPC SQL runs through. Destroying an uncommitted
-/// store_tx rolls it back.
-class store_tx : public tx {
- public:
-  /// Inserts a new in-progress record with a lease held by `owner`, attempt 1.
-  /// Returns false, changing nothing, when the key already has a record.
-  virtual bool insert(const request_id& id, std::string_view owner, const lease_terms& terms) = 0;
-  /// Reads the record and locks it until the transaction ends.
-  virtual std::optional<record> lock(const request_id& id) = 0;
-  /// Stores the Pre-RPC result; fenced by the owner token. A backend may send
-  /// it with the commit() that follows (MySQL on MariaDB: one round trip
-  /// fewer); it then returns true, and a failed fence makes that commit()
-  /// throw a non-retryable storage_error without committing anything.
-  virtual bool save_pre_state(const request_id& id, std::string_view owner,
-                              std::string_view json) = 0;
-  /// Under lock(): gives the lease to `new_owner` and sets the attempt count.
-  virtual void take_lease(const request_id& id, std::string_view new_owner, int attempts,
-                          const lease_terms& terms) = 0;
-  /// Records a terminal state and its response, releasing the lease. Fenced:
-  /// returns false, changing nothing, when `owner` no longer holds the lease.
-  /// A backend may send it with the commit() that follows (MySQL on MariaDB:
-  /// one round trip fewer); it then returns true, and a failed fence makes
-  /// that commit() throw storage_error::lease_lost without committing
-  /// anything.
-  virtual bool finish(const request_id& id, std::string_view owner, record_state final_state,
-                      const response& r, std::string_view last_error, const lease_terms& terms) = 0;
-  /// Marks the record retryable and releases the lease. Fenced like finish().
-  virtual bool release(const request_id& id, std::string_view owner,
-                       std::string_view last_error) = 0;
-  /// Commits. A failure whose outcome is unknown throws a storage_error with
-  /// in_doubt() set.
-  virtual void commit() = 0;
-  virtual void rollback() noexcept = 0;
-};
+namespace detail {
+struct record_sql;
+}
 
+/// The idempotency records of every shard, on one backend. The application
+/// constructs a backend's store (sqlite_store, mysql_store), migrates it and
+/// hands it to the manager; the record state machine's SQL lives in the
+/// core (src/records.cpp), once for every backend.
 class store {
  public:
-  store() = default;
+  /// Takes `backend` over. Throws config_error when it is null.
+  explicit store(std::unique_ptr<store_backend> backend);
   store(const store&) = delete;
   store& operator=(const store&) = delete;
-  virtual ~store() = default;
+  virtual ~store();
 
-  [[nodiscard]] virtual std::size_t shard_count() const = 0;
+  [[nodiscard]] std::size_t shard_count() const;
   /// The shard that owns (scope, key); see shard_map.hpp.
-  [[nodiscard]] virtual std::size_t shard_of(const request_id& id) const = 0;
+  [[nodiscard]] std::size_t shard_of(const request_id& id) const;
   /// The replay fast path: one read from the key's master, no transaction.
   /// Loads what the decision and a replay need: state, fingerprint, attempts,
   /// lease, recorded response and the database clock. The other fields are
   /// left empty (see inspect()).
-  virtual std::optional<record> read(const request_id& id) = 0;
+  std::optional<record> read(const request_id& id);
   /// The whole record, for tools and tests; no transaction.
-  virtual std::optional<record> inspect(const request_id& id) = 0;
-  /// Opens a transaction on the key's shard.
-  virtual std::unique_ptr<store_tx> begin(const request_id& id) = 0;
-  /// Opens a transaction on a shard by index (for application set-up).
-  virtual std::unique_ptr<store_tx> begin_on_shard(std::size_t shard) = 0;
-  /// Deletes at most `limit` terminal records of `shard` whose retention
-  /// deadline has passed; returns how many were deleted.
-  virtual std::size_t purge_expired(std::size_t shard, std::size_t limit) = 0;
-  /// Applies the schema migrations this library version ships that the
-  /// shard's schema version table does not list yet (every shard).
-  virtual void migrate() = 0;
+  std::optional<record> inspect(const request_id& id);
+  /// Opens a transaction on a shard, for the application's own set-up
+  /// (tables next to the records). Throws storage_error for a shard that
+  /// does not exist.
+  std::unique_ptr<transaction> begin_on_shard(std::size_t shard);
+  /// Deletes at most `limit` records of `shard` whose retention deadline has
+  /// passed (never one under a live lease); returns how many were deleted.
+  std::size_t purge_expired(std::size_t shard, std::size_t limit);
+  /// Applies the schema migrations this library version ships that a
+  /// shard's schema version table does not list yet, on every shard.
+  void migrate();
   /// The highest applied schema version of a shard (0 before any).
-  virtual int schema_version(std::size_t shard) = 0;
+  int schema_version(std::size_t shard);
+
+  [[nodiscard]] store_backend& backend() noexcept { return *backend_; }
+  /// The record state machine's SQL in this backend's dialect.
+  [[nodiscard]] const detail::record_sql& statements() const noexcept { return *sql_; }
+
+ private:
+  std::unique_ptr<store_backend> backend_;
+  std::unique_ptr<const detail::record_sql> sql_;
 };
 
 }  // namespace orpheus

@@ -382,7 +382,7 @@ int sabotage(examples::flags& f) {
     for (const auto& x : r.all()) {
       if (x.payment != 1) continue;
       const orpheus::request_id id{"client:" + x.client, x.key, ""};
-      auto t = store->begin(id);
+      auto t = store->begin_on_shard(store->shard_of(id));
       t->execute("DELETE FROM orpheus_records WHERE scope = ? AND idem_key = ?", id.scope, id.key);
       t->commit();
       return 0;

@@ -15,6 +15,7 @@
 namespace orpheus {
 namespace {
 
+using namespace std::chrono_literals;
 using test::make_store;
 using test::random_hex;
 
@@ -248,7 +249,7 @@ TEST_P(Conformance, LiveLeaseIsRejectedWithTheTimeLeft) {
 // Pre-RPC result, and nobody to finish it.
 void leave_crashed_attempt(store& s, const request_id& rid, const std::string& pre_json,
                            std::int64_t lease_us) {
-  auto t = s.begin(rid);
+  auto t = detail::begin_record_tx(s, rid);
   ASSERT_TRUE(
       t->insert(rid, "deadbeefdeadbeefdeadbeefdeadbeef", {lease_us, 3'600'000'000, 3'600'000'000}));
   ASSERT_TRUE(t->save_pre_state(rid, "deadbeefdeadbeefdeadbeefdeadbeef", pre_json));
@@ -621,7 +622,7 @@ TEST_P(Conformance, AnUnreadableRecordedResponseIsAStorageError) {
        {std::string(R"([["Content-Type","text/plain")"), std::string(R"([["a"]])"),
         std::string(R"({"a":"b"})"), std::string(R"([["a",1]])")}) {
     {
-      auto t = store_->begin(rid);
+      auto t = store_->begin_on_shard(store_->shard_of(rid));
       t->execute("UPDATE orpheus_records SET headers = ? WHERE scope = ? AND idem_key = ?", headers,
                  rid.scope, rid.key);
       t->commit();
@@ -761,12 +762,14 @@ TEST_P(Conformance, AbandonedRecordsArePurgedAfterTheirWindowAndRetentionButNeve
   // A crashed attempt whose lease is still live long after: never purged.
   const auto live = id("live");
   {
-    auto t = store_->begin(live);
+    auto t = detail::begin_record_tx(*store_, live);
     ASSERT_TRUE(t->insert(live, "cafecafecafecafecafecafecafecafe", {60'000'000, 1000, 1000}));
     t->commit();
   }
   std::this_thread::sleep_for(700ms);
-  EXPECT_EQ(m.purge_expired(100), 1U);
+  // At least ours: tests outside the servers' resource lock (crash, http)
+  // may leave expired rows of their own on the shared test servers.
+  EXPECT_GE(m.purge_expired(100), 1U);
   EXPECT_FALSE(store_->inspect(id("abandoned")));
   EXPECT_TRUE(store_->inspect(live)) << "a live lease is never purged from under its attempt";
 }
@@ -933,7 +936,7 @@ TEST_P(Conformance, ThirtyTwoThreadsOnOneKeyChargeOnce) {
   }
 }
 
-// SPEC section 4's budget: a new key costs at most four library statements in
+// The budget of docs/performance.md: a new key costs at most four library statements in
 // two transactions, a replay one read. Counted at the store seam; bench/
 // shows the same on the server's own counters.
 TEST_P(Conformance, RoundTripBudget) {

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   }
   store->migrate();
   {
-    auto t = store->begin(id);
+    auto t = store->begin_on_shard(store->shard_of(id));
     t->execute(
         "CREATE TABLE IF NOT EXISTS crash_payments (id VARCHAR(255) PRIMARY KEY, "
         "result VARCHAR(64))");

@@ -261,7 +261,7 @@ TEST_F(DbFailure, LockWaitTimeoutIsRetryable) {
                    [](tx&, const attempt&, const outcome<std::string>&) { return response{}; }),
                error);
   auto other = make();
-  auto holder = other->begin(rid);
+  auto holder = detail::begin_record_tx(*other, rid);
   ASSERT_TRUE(holder->lock(rid));  // another session holds the row
   expect_retryable([&] { pay(m, rid, b); }, "1205");
   holder->rollback();
@@ -303,7 +303,7 @@ TEST_F(DbFailure, TooManyConnectionsIsRetryable) {
   o.shards.push_back(mysql_shard{"127.0.0.1", port_, "lim", "p", "d"});
   o.max_connections_per_shard = 64;
   mysql_store crowd(o);
-  std::vector<std::unique_ptr<store_tx>> held;
+  std::vector<std::unique_ptr<transaction>> held;
   bool refused = false;
   for (int i = 0; i < 40 && !refused; ++i) {
     try {
@@ -326,7 +326,7 @@ TEST_F(DbFailure, LostConnectionDuringCommitIsInDoubtAndTheRetryResolvesIt) {
   // Kill our own connection right before the COMMIT of transaction 2, so the
   // COMMIT gets no answer: the case of "did it land?".
   test::forwarding_store s(*store_);
-  s.before_commit = [&](int tx_number, store_tx& t) {
+  s.before_commit = [&](int tx_number, transaction& t) {
     if (tx_number != 1) return;  // #0 is transaction 1, #1 is transaction 2
     kill_connection(t.query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0));
   };

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "clock.hpp"
+#include "orpheus/detail/records.hpp"
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
 #include "support/forwarding_store.hpp"
@@ -53,7 +54,7 @@ class MysqlStore : public testing::Test {
   // Kills the session `victim` names (from another connection) just before
   // transaction `tx_number` (0: the first) of `s` commits.
   void kill_before_commit(test::forwarding_store& s, int tx_number, const std::int64_t& victim) {
-    s.before_commit = [this, tx_number, &victim](int n, store_tx&) {
+    s.before_commit = [this, tx_number, &victim](int n, transaction&) {
       if (n != tx_number) return;
       mysql_store killer(options_for_test());
       auto t = killer.begin_on_shard(0);
@@ -375,7 +376,7 @@ TEST_F(MysqlStore, AStoppedClientsRowLockEndsWithinTheSessionIdleTimeout) {
       o.session_idle_timeout = 2s;
       o.lock_wait_timeout = 1s;
       mysql_store s(o);
-      auto t = s.begin(rid);
+      auto t = detail::begin_record_tx(s, rid);
       if (!t->lock(rid)) ::_exit(3);
       const char c = 'L';
       if (::write(ready[1], &c, 1) != 1) ::_exit(4);
@@ -500,18 +501,18 @@ TEST_F(MysqlStore, AbandonedRowsArePurgedAfterWindowAndRetentionButNeverUnderALi
   const auto leased = id("live-lease");
   const auto kept = id("kept");
   {
-    auto t = store_->begin(retryable);
+    auto t = detail::begin_record_tx(*store_, retryable);
     ASSERT_TRUE(t->insert(retryable, "owner-1", tiny));
     ASSERT_TRUE(t->release(retryable, "owner-1", "bank down"));
     t->commit();
   }
   for (const auto& [rid, terms] : {std::pair{in_progress, tiny}, std::pair{leased, live}}) {
-    auto t = store_->begin(rid);
+    auto t = detail::begin_record_tx(*store_, rid);
     ASSERT_TRUE(t->insert(rid, "owner-2", terms));
     t->commit();
   }
   {
-    auto t = store_->begin(kept);  // within its retention: kept
+    auto t = detail::begin_record_tx(*store_, kept);  // within its retention: kept
     ASSERT_TRUE(t->insert(kept, "owner-3", tiny));
     ASSERT_TRUE(t->finish(kept, "owner-3", record_state::succeeded, response{200, {}, "x"}, {},
                           lease_terms{1000, 1000, 3'600'000'000}));
@@ -665,18 +666,18 @@ TEST_F(MysqlStore, OnMariaDbTheFencedWritesRideOnTheCommit) {
   const std::string owner(32, 'a');
   const auto rid = id("deferred");
   {
-    auto t = store_->begin(rid);
+    auto t = detail::begin_record_tx(*store_, rid);
     ASSERT_TRUE(t->insert(rid, owner, terms));
     t->commit();
   }
-  auto tamper = [&](store_tx& t) {
-    t.execute(
+  auto tamper = [&](detail::record_tx& t) {
+    t.statements().execute(
         "UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? AND "
         "idem_key = ?",
         rid.scope, rid.key);
   };
   {
-    auto t = store_->begin(rid);
+    auto t = detail::begin_record_tx(*store_, rid);
     tamper(*t);
     EXPECT_TRUE(t->finish(rid, owner, record_state::succeeded, response{200, {}, "x"}, {}, terms))
         << "finish() went to the server on its own";
@@ -689,7 +690,7 @@ TEST_F(MysqlStore, OnMariaDbTheFencedWritesRideOnTheCommit) {
     }
   }
   {
-    auto t = store_->begin(rid);
+    auto t = detail::begin_record_tx(*store_, rid);
     tamper(*t);
     EXPECT_TRUE(t->save_pre_state(rid, owner, "1")) << "save_pre_state() went on its own";
     EXPECT_THROW(t->commit(), storage_error);
@@ -697,7 +698,7 @@ TEST_F(MysqlStore, OnMariaDbTheFencedWritesRideOnTheCommit) {
   EXPECT_EQ(store_->inspect(rid)->lease_owner, owner) << "a failed fence committed";
   {
     // finish, then save_pre_state: the finish is sent before, not lost.
-    auto t = store_->begin(rid);
+    auto t = detail::begin_record_tx(*store_, rid);
     EXPECT_TRUE(t->finish(rid, owner, record_state::succeeded, response{200, {}, "x"}, {}, terms));
     EXPECT_TRUE(t->save_pre_state(rid, owner, "1"));
     // The finish ran first, so the pre-state's fence (state 1) fails and

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "orpheus/detail/records.hpp"
 #include "orpheus/manager.hpp"
 #include "orpheus/store/sqlite.hpp"
 #include "single_writer.hpp"  // src/store/sqlite: the writer itself
@@ -103,10 +104,10 @@ TEST(SqliteStore, ATransactionEndedUnderTheLibraryIsPoisoned) {
   sqlite_store s({.path = fresh_path()});
   s.migrate();
   const request_id rid{"scope", "k1", fingerprint_of("x")};
-  auto t = s.begin(rid);
+  auto t = detail::begin_record_tx(s, rid);
   ASSERT_TRUE(
       t->insert(rid, "0123456789abcdef0123456789abcdef", {1'000'000, 1'000'000, 1'000'000}));
-  t->execute("ROLLBACK");  // what the database does on its own after some errors
+  t->statements().execute("ROLLBACK");  // what the database does on its own after some errors
   try {
     t->finish(rid, "0123456789abcdef0123456789abcdef", record_state::succeeded,
               response{200, {}, "x"}, {}, {1'000'000, 1'000'000, 1'000'000});
@@ -129,7 +130,7 @@ void await_waiting(sqlite_store& s, std::size_t n) {
   ASSERT_EQ(s.writer_stats().waiting, n) << "no transaction queued for the writer";
 }
 
-void insert_row(store_tx& t, const std::string& id) {
+void insert_row(transaction& t, const std::string& id) {
   t.execute("INSERT INTO gc_rows (id) VALUES (?)", id);
 }
 

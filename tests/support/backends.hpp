@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "orpheus/detail/hex.hpp"
 #include "orpheus/store/mysql.hpp"
 #include "orpheus/store/sqlite.hpp"
 
@@ -21,13 +22,7 @@ namespace orpheus::test {
 inline std::string random_hex(std::size_t bytes = 8) {
   std::vector<unsigned char> b(bytes);
   RAND_bytes(b.data(), static_cast<int>(b.size()));
-  static constexpr char d[] = "0123456789abcdef";
-  std::string out;
-  for (auto c : b) {
-    out += d[c >> 4];
-    out += d[c & 0xF];
-  }
-  return out;
+  return detail::lowercase_hex(b);
 }
 
 inline std::vector<std::string> mysql_urls() {

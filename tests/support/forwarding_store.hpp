@@ -1,99 +1,120 @@
-// A store that forwards to a real one, with hooks: for counting the
-// library's statements and for injecting a failure at an exact point (the
-// database behind it stays real).
+// A store whose backend forwards to a real store's backend, with hooks: for
+// counting the library's statements and for injecting a failure at an exact
+// point (the database behind it stays real).
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <string_view>
 
+#include "orpheus/detail/records.hpp"
 #include "orpheus/store.hpp"
 
 namespace orpheus::test {
 
-class forwarding_store : public store {
- public:
-  explicit forwarding_store(store& inner) : inner_(inner) {}
-
-  /// Called with every library statement's name ("read", "insert", ...).
+struct forwarding_hooks {
+  /// Called with every record statement's name ("read", "insert", ...).
   std::function<void(std::string_view)> on_statement;
   /// Called with the transaction's number (0-based, in begin() order) right
   /// before its COMMIT.
-  std::function<void(int, store_tx&)> before_commit;
+  std::function<void(int, transaction&)> before_commit;
+};
 
-  std::size_t shard_count() const override { return inner_.shard_count(); }
-  std::size_t shard_of(const request_id& id) const override { return inner_.shard_of(id); }
-  std::optional<record> read(const request_id& id) override {
-    note("read");
-    return inner_.read(id);
+class forwarding_backend final : public store_backend {
+ public:
+  forwarding_backend(store& inner, std::shared_ptr<forwarding_hooks> hooks)
+      : inner_(inner.backend()), sql_(inner.statements()), hooks_(std::move(hooks)) {}
+
+  [[nodiscard]] std::size_t shard_count() const override { return inner_.shard_count(); }
+  [[nodiscard]] const sql_dialect& dialect() const override { return inner_.dialect(); }
+  [[nodiscard]] std::span<const detail::migration> migrations() const override {
+    return inner_.migrations();
   }
-  std::optional<record> inspect(const request_id& id) override { return inner_.inspect(id); }
-  std::unique_ptr<store_tx> begin(const request_id& id) override {
-    return std::make_unique<wrapped>(*this, inner_.begin(id), begins_++);
+  std::unique_ptr<backend_tx> begin(std::size_t shard) override {
+    return std::make_unique<wrapped>(*this, inner_.begin(shard), begins_++);
   }
-  std::unique_ptr<store_tx> begin_on_shard(std::size_t s) override {
-    return inner_.begin_on_shard(s);
+  sql_rows read(std::size_t shard, std::string_view sql,
+                std::span<const sql_value> params) override {
+    note(sql);
+    return inner_.read(shard, sql, params);
   }
-  std::size_t purge_expired(std::size_t s, std::size_t l) override {
-    return inner_.purge_expired(s, l);
+  void exclusively(std::size_t shard, const std::function<void(tx&)>& f) override {
+    inner_.exclusively(shard, f);
   }
-  void migrate() override { inner_.migrate(); }
-  int schema_version(std::size_t s) override { return inner_.schema_version(s); }
 
  private:
-  void note(std::string_view what) {
-    if (on_statement) on_statement(what);
+  /// Names the record layer's statements; the application's are not named.
+  void note(std::string_view sql) {
+    if (!hooks_->on_statement) return;
+    const std::pair<const std::string&, std::string_view> names[] = {
+        {sql_.read_fast, "read"},
+        {sql_.insert, "insert"},
+        {sql_.lock, "lock"},
+        {sql_.save_pre_state, "save_pre_state"},
+        {sql_.take_lease, "take_lease"},
+        {sql_.finish, "finish"},
+        {sql_.release, "release"}};
+    for (const auto& [text, name] : names) {
+      if (sql == text) hooks_->on_statement(name);
+    }
   }
 
-  struct wrapped final : store_tx {
-    wrapped(forwarding_store& o, std::unique_ptr<store_tx> t, int n)
+  struct wrapped final : backend_tx {
+    wrapped(forwarding_backend& o, std::unique_ptr<backend_tx> t, int n)
         : owner(o), inner(std::move(t)), number(n) {}
     sql_rows query_values(std::string_view s, std::span<const sql_value> p) override {
+      owner.note(s);
       return inner->query_values(s, p);
     }
     std::uint64_t execute_values(std::string_view s, std::span<const sql_value> p) override {
+      owner.note(s);
       return inner->execute_values(s, p);
     }
-    std::size_t shard() const override { return inner->shard(); }
-    bool insert(const request_id& i, std::string_view o, const lease_terms& l) override {
-      owner.note("insert");
-      return inner->insert(i, o, l);
+    [[nodiscard]] std::size_t shard() const override { return inner->shard(); }
+    bool insert_if_absent(std::string_view s, std::span<const sql_value> p) override {
+      owner.note(s);
+      return inner->insert_if_absent(s, p);
     }
-    std::optional<record> lock(const request_id& i) override {
-      owner.note("lock");
-      return inner->lock(i);
-    }
-    bool save_pre_state(const request_id& i, std::string_view o, std::string_view j) override {
-      owner.note("save_pre_state");
-      return inner->save_pre_state(i, o, j);
-    }
-    void take_lease(const request_id& i, std::string_view o, int a, const lease_terms& l) override {
-      owner.note("take_lease");
-      inner->take_lease(i, o, a, l);
-    }
-    bool finish(const request_id& i, std::string_view o, record_state s, const response& r,
-                std::string_view e, const lease_terms& l) override {
-      owner.note("finish");
-      return inner->finish(i, o, s, r, e, l);
-    }
-    bool release(const request_id& i, std::string_view o, std::string_view w) override {
-      owner.note("release");
-      return inner->release(i, o, w);
+    bool execute_fenced(std::string_view s, std::span<const sql_value> p,
+                        storage_error (*on_fence_failure)()) override {
+      owner.note(s);
+      return inner->execute_fenced(s, p, on_fence_failure);
     }
     void commit() override {
-      if (owner.before_commit) owner.before_commit(number, *inner);
-      owner.note("commit");
+      if (owner.hooks_->before_commit) owner.hooks_->before_commit(number, *inner);
+      if (owner.hooks_->on_statement) owner.hooks_->on_statement("commit");
       inner->commit();
     }
     void rollback() noexcept override { inner->rollback(); }
 
-    forwarding_store& owner;
-    std::unique_ptr<store_tx> inner;
+    forwarding_backend& owner;
+    std::unique_ptr<backend_tx> inner;
     int number;
   };
 
-  store& inner_;
+  store_backend& inner_;
+  const detail::record_sql& sql_;
+  std::shared_ptr<forwarding_hooks> hooks_;
   std::atomic<int> begins_{0};
+};
+
+class forwarding_store : public store {
+ public:
+  explicit forwarding_store(store& inner)
+      : forwarding_store(inner, std::make_shared<forwarding_hooks>()) {}
+
+  std::function<void(std::string_view)>& on_statement;
+  std::function<void(int, transaction&)>& before_commit;
+
+ private:
+  forwarding_store(store& inner, const std::shared_ptr<forwarding_hooks>& hooks)
+      : store(std::make_unique<forwarding_backend>(inner, hooks)),
+        on_statement(hooks->on_statement),
+        before_commit(hooks->before_commit),
+        hooks_(hooks) {}
+
+  std::shared_ptr<forwarding_hooks> hooks_;
 };
 
 }  // namespace orpheus::test

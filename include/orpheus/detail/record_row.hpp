@@ -2,7 +2,11 @@
 // build their SELECT from these column lists, so the order lives here once.
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "orpheus/store.hpp"
 #include "orpheus/tx.hpp"
@@ -21,5 +25,18 @@ inline constexpr std::string_view record_columns_rest =
 /// rest is there. Throws storage_error::permanent (not retryable) when the
 /// headers column is not the JSON the backends write.
 record record_from_row(const sql_row& row, bool full);
+
+/// Builds a record from a row of the replay fast path (record_sql::read_fast):
+/// the packed text "state attempts lease_expires status now fingerprint
+/// owner", the headers and the body. Throws storage_error::permanent when
+/// the row is not what the record layer writes.
+record record_from_fast_row(const sql_row& row);
+
+/// The recorded headers as finish() stores them (JSON [[name, value], ...]);
+/// throws storage_error::permanent on anything else.
+std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& json);
+
+/// An integer column (DECIMAL arrives as text); 0 for NULL.
+std::int64_t int_or_zero(const sql_value& v);
 
 }  // namespace orpheus::detail

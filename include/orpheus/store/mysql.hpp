@@ -23,7 +23,7 @@
 // failure of COMMIT is in doubt unless the server announced a rollback; SQL
 // errors (syntax, unknown table or column, constraint violations) and server
 // codes the table does not know are not retryable. After an error that ended
-// the server-side transaction (deadlock, lost connection) the store_tx refuses
+// the server-side transaction (deadlock, lost connection) the transaction refuses
 // every further statement and commit() with a retryable error, even if the
 // caller swallowed the first one.
 //
@@ -81,27 +81,14 @@ struct mysql_options {
 
 class mysql_store final : public store {
  public:
-  /// Validates the options (throws config_error: no shards, empty database,
-  /// bad port, zero pool size, a timeout not positive or over a year, a lock
-  /// wait not shorter than read_timeout). Connects lazily: the first use of a
-  /// shard opens its first connection.
+  /// Throws config_error when `options` are refused: no shard, a shard
+  /// without host, user or database, a bad port, a non-positive or over-a-year
+  /// timeout, a pool of 0, lock_wait_timeout not shorter than read_timeout.
+  /// Connects lazily: an unreachable shard fails its first request, not this.
   explicit mysql_store(mysql_options options);
+  mysql_store(const mysql_store&) = delete;
+  mysql_store& operator=(const mysql_store&) = delete;
   ~mysql_store() override;
-
-  [[nodiscard]] std::size_t shard_count() const override;
-  [[nodiscard]] std::size_t shard_of(const request_id& id) const override;
-  std::optional<record> read(const request_id& id) override;
-  std::optional<record> inspect(const request_id& id) override;
-  std::unique_ptr<store_tx> begin(const request_id& id) override;
-  std::unique_ptr<store_tx> begin_on_shard(std::size_t shard) override;
-  std::size_t purge_expired(std::size_t shard, std::size_t limit) override;
-  void migrate() override;
-  int schema_version(std::size_t shard) override;
-
-  struct impl;
-
- private:
-  std::unique_ptr<impl> impl_;
 };
 
 }  // namespace orpheus

@@ -65,23 +65,11 @@ class sqlite_store final : public store {
   /// max_connections or max_batch is 0, or the file cannot use WAL;
   /// storage_error when the file cannot be opened.
   explicit sqlite_store(sqlite_options options);
+  sqlite_store(const sqlite_store&) = delete;
+  sqlite_store& operator=(const sqlite_store&) = delete;
   ~sqlite_store() override;
 
-  [[nodiscard]] std::size_t shard_count() const override { return 1; }
-  [[nodiscard]] std::size_t shard_of(const request_id&) const override { return 0; }
-  std::optional<record> read(const request_id& id) override;
-  std::optional<record> inspect(const request_id& id) override;
-  std::unique_ptr<store_tx> begin(const request_id& id) override;
-  std::unique_ptr<store_tx> begin_on_shard(std::size_t shard) override;
-  std::size_t purge_expired(std::size_t shard, std::size_t limit) override;
-  void migrate() override;
-  int schema_version(std::size_t shard) override;
   [[nodiscard]] sqlite_writer_stats writer_stats();
-
-  struct impl;
-
- private:
-  std::unique_ptr<impl> impl_;
 };
 
 }  // namespace orpheus

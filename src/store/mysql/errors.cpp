@@ -39,7 +39,9 @@ bool sqlstate_class(const sql::SQLException& e, const char* cls) noexcept {
 }
 
 // Server errors that say "not now" rather than "never": nothing of the
-// statement committed, and the same request can succeed later.
+// statement committed, and the same request can succeed later. A lost
+// connection (shutdown, killed, network) is retryable too: connection_broken()
+// below lists those codes, once.
 bool transient_server_code(int code) noexcept {
   switch (code) {
     case 1205:  // lock wait timeout (and FOR UPDATE NOWAIT on MariaDB)
@@ -53,19 +55,11 @@ bool transient_server_code(int code) noexcept {
     case 1226:  // a user resource limit (max_queries_per_hour, ...)
     case 1290:  // --read-only: a replica, or a master during a fail-over
     case 1836:  // read-only mode
-    case 1053:  // server shutdown in progress
-    case 1927:  // connection was killed (MariaDB)
-    case 4031:  // disconnected by the server for inactivity (MySQL 8)
     case 1047:  // Galera: WSREP has not yet prepared node for application use
     case 1021:  // disk full: the operator frees space
     case 1037:  // out of memory
     case 1038:  // out of sort memory
     case 1041:  // out of memory (server)
-    case 1152:  // aborted connection
-    case 1158:  // network read error
-    case 1159:  // network read timeout
-    case 1160:  // network write error
-    case 1161:  // network write timeout
       return true;
     default:
       return false;

@@ -1,5 +1,7 @@
 #include "connection.hpp"
 
+#include "errors.hpp"
+
 namespace orpheus::sqlite_detail {
 namespace {
 
@@ -49,19 +51,9 @@ sql_value column(sqlite3_stmt* s, int i) {
 void throw_sqlite(sqlite3* db, int rc, std::string_view what, bool in_commit) {
   std::string msg = "sqlite: ";
   msg.append(what).append(": ").append(db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-  switch (rc & 0xFF) {
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-    case SQLITE_IOERR:
-    case SQLITE_FULL:
-    case SQLITE_CANTOPEN:
-    case SQLITE_PROTOCOL:
-    case SQLITE_NOMEM:
-      throw storage_error::transient(std::move(msg), in_commit);
-    default:
-      if (in_commit) throw storage_error::transient(std::move(msg), true);
-      throw storage_error::permanent(std::move(msg));
-  }
+  const verdict v = judge(rc, in_commit);
+  if (v.retryable) throw storage_error::transient(std::move(msg), v.in_doubt);
+  throw storage_error::permanent(std::move(msg));
 }
 
 connection::connection(const sqlite_options& o) {
@@ -92,7 +84,7 @@ connection::connection(const sqlite_options& o) {
 }
 
 connection::~connection() {
-  for (auto& [sql, stmt] : cache_) sqlite3_finalize(stmt);
+  cache_.clear();  // statements are finalized before their connection closes
   sqlite3_close(db_);
 }
 
@@ -124,21 +116,15 @@ std::string connection::query_text(const char* sql) {
 
 // Prepared statements are cached per connection: one prepare per SQL text.
 sqlite3_stmt* connection::prepare(std::string_view sql) {
-  auto it = cache_.find(std::string(sql));
-  if (it != cache_.end()) {
-    sqlite3_reset(it->second);
-    sqlite3_clear_bindings(it->second);
-    return it->second;
+  if (sqlite3_stmt* cached = cache_.find(sql)) {
+    sqlite3_reset(cached);
+    sqlite3_clear_bindings(cached);
+    return cached;
   }
   sqlite3_stmt* stmt = nullptr;
   const int rc = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
   if (rc != SQLITE_OK) throw_sqlite(db_, rc, "prepare");
-  if (cache_.size() > 256) {  // application SQL built at run time: bound it
-    for (auto& [s, st] : cache_) sqlite3_finalize(st);
-    cache_.clear();
-  }
-  cache_.emplace(std::string(sql), stmt);
-  return stmt;
+  return cache_.add(sql, statement(stmt));
 }
 
 sql_rows connection::run(std::string_view sql, std::span<const sql_value> params) {

@@ -4,19 +4,20 @@
 
 #include <sqlite3.h>
 
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 
+#include "../statement_cache.hpp"
 #include "orpheus/store/sqlite.hpp"
 #include "orpheus/tx.hpp"
 
 namespace orpheus::sqlite_detail {
 
-/// Throws the storage_error for SQLite result `rc`: BUSY, LOCKED, IOERR,
-/// FULL, CANTOPEN, PROTOCOL and NOMEM are retryable, anything else is
-/// permanent; any failure `in_commit` is in doubt.
+/// Throws the storage_error for SQLite result `rc`, as judge() in errors.hpp
+/// classifies it: BUSY, LOCKED, IOERR, FULL, CANTOPEN, PROTOCOL and NOMEM are
+/// retryable, anything else is permanent; any failure `in_commit` is in doubt.
 [[noreturn]] void throw_sqlite(sqlite3* db, int rc, std::string_view what, bool in_commit = false);
 
 class connection {
@@ -39,8 +40,13 @@ class connection {
  private:
   sqlite3_stmt* prepare(std::string_view sql);
 
+  struct finalizer {
+    void operator()(sqlite3_stmt* s) const noexcept { sqlite3_finalize(s); }
+  };
+  using statement = std::unique_ptr<sqlite3_stmt, finalizer>;
+
   sqlite3* db_ = nullptr;
-  std::unordered_map<std::string, sqlite3_stmt*> cache_;
+  detail::statement_cache<statement> cache_;
 };
 
 }  // namespace orpheus::sqlite_detail

@@ -1,15 +1,15 @@
+// The SQLite backend: one file, a pool of read connections, one writer with
+// group commit (single_writer.hpp), and SQLite's dialect. The record SQL is
+// the core's (src/records.cpp).
 #include "orpheus/store/sqlite.hpp"
 
 #include <sqlite3.h>
 
 #include <condition_variable>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "connection.hpp"
-#include "orpheus/detail/migration.hpp"
-#include "orpheus/detail/record_row.hpp"
 #include "single_writer.hpp"
 
 namespace orpheus {
@@ -22,35 +22,33 @@ namespace {
 using sqlite_detail::connection;
 using sqlite_detail::single_writer;
 
-// The database clock, in microseconds since the epoch (julianday has
-// millisecond precision; enough for leases measured in seconds).
-#define ORPHEUS_NOW "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
-
-// SELECT lists: the fast path's columns, the clock, then (full) the rest.
-std::string select_record(bool full) {
-  std::string sql = "SELECT ";
-  sql.append(detail::record_columns_fast).append(", " ORPHEUS_NOW);
-  if (full) sql.append(", ").append(detail::record_columns_rest);
-  return sql.append(" FROM orpheus_records WHERE scope = ? AND idem_key = ?");
+sql_dialect sqlite_dialect() {
+  sql_dialect d;
+  // julianday has millisecond precision: enough for leases measured in
+  // seconds.
+  d.now_us = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
+  d.lock_suffix = "";  // BEGIN IMMEDIATE already holds the database's write lock
+  d.insert_if_absent_suffix = " ON CONFLICT DO NOTHING";
+  d.concat_open = "(";
+  d.concat_separator = " || ' ' || ";
+  d.concat_close = ")";
+  d.bounded_delete = [](std::string_view table, std::string_view where, std::string_view order_by) {
+    std::string t(table);
+    return "DELETE FROM " + t + " WHERE rowid IN (SELECT rowid FROM " + t + " WHERE " +
+           std::string(where) + " ORDER BY " + std::string(order_by) + " LIMIT ?)";
+  };
+  d.create_version_table =
+      "CREATE TABLE IF NOT EXISTS orpheus_schema_version (version INTEGER PRIMARY KEY, name TEXT "
+      "NOT NULL, applied_us INTEGER NOT NULL)";
+  d.count_tables = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?";
+  return d;
 }
-
-std::int64_t int_or_zero(const sql_value& v) {
-  const auto* n = std::get_if<std::int64_t>(&v);
-  return n ? *n : 0;
-}
-
-std::string headers_json(const response& r) {
-  return nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-}  // namespace
 
 // Reads (the replay fast path, inspect) use a pool of connections; WAL lets
-// them run beside the writer. Every write transaction goes through the one
-// single_writer.
-struct sqlite_store::impl {
-  sqlite_options options;
-  std::unique_ptr<single_writer> writer;
+// them run beside the writer.
+struct read_pool {
+  explicit read_pool(const sqlite_options& o) : options(o) {}
+  const sqlite_options& options;
   std::mutex mutex;
   std::condition_variable available;
   std::vector<std::unique_ptr<connection>> idle;
@@ -58,9 +56,9 @@ struct sqlite_store::impl {
 
   // A connection borrowed from the pool; returned on destruction.
   struct lease_handle {
-    impl* owner;
+    read_pool* owner;
     std::unique_ptr<connection> conn;
-    lease_handle(impl* o, std::unique_ptr<connection> c) : owner(o), conn(std::move(c)) {}
+    lease_handle(read_pool* o, std::unique_ptr<connection> c) : owner(o), conn(std::move(c)) {}
     lease_handle(lease_handle&&) = default;
     ~lease_handle() {
       if (conn) owner->give_back(std::move(conn));
@@ -95,16 +93,6 @@ struct sqlite_store::impl {
     }
   }
 
-  std::optional<record> select(const request_id& id, bool full) {
-    static const std::string fast = select_record(false);
-    static const std::string all = select_record(true);
-    auto h = borrow();
-    const sql_value params[] = {id.scope, id.key};
-    auto rows = h.conn->run(full ? all : fast, params);
-    if (rows.empty()) return std::nullopt;
-    return detail::record_from_row(rows.front(), full);
-  }
-
   void give_back(std::unique_ptr<connection> c) {
     std::lock_guard lock(mutex);
     idle.push_back(std::move(c));
@@ -112,10 +100,8 @@ struct sqlite_store::impl {
   }
 };
 
-namespace {
-
 // One write transaction: a member of the single writer's current batch.
-class sqlite_tx final : public store_tx {
+class sqlite_tx final : public backend_tx {
  public:
   explicit sqlite_tx(single_writer& w) : w_(w), batch_(w.enter()) {}
   sqlite_tx(const sqlite_tx&) = delete;
@@ -144,56 +130,8 @@ class sqlite_tx final : public store_tx {
   }
   std::size_t shard() const override { return 0; }
 
-  bool insert(const request_id& id, std::string_view owner, const lease_terms& t) override {
-    return execute(
-               "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, "
-               "attempts, lease_owner, lease_expires_us, created_us, updated_us, "
-               "retry_until_us, expires_us) VALUES (?, ?, ?, 1, 1, ?, " ORPHEUS_NOW
-               " + ?, " ORPHEUS_NOW ", " ORPHEUS_NOW ", " ORPHEUS_NOW " + ?, " ORPHEUS_NOW
-               " + ?) ON CONFLICT DO NOTHING",
-               id.scope, id.key, id.fingerprint, owner, t.lease_us, t.retry_window_us,
-               t.retry_window_us + t.retention_us) == 1;
-  }
-
-  std::optional<record> lock(const request_id& id) override {
-    // BEGIN IMMEDIATE already holds the database's write lock.
-    static const std::string sql = select_record(true);
-    auto rows = query(sql, id.scope, id.key);
-    if (rows.empty()) return std::nullopt;
-    return detail::record_from_row(rows.front(), true);
-  }
-
-  bool save_pre_state(const request_id& id, std::string_view owner,
-                      std::string_view json) override {
-    return execute("UPDATE orpheus_records SET pre_state = ?, updated_us = " ORPHEUS_NOW
-                   " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
-                   json, id.scope, id.key, owner) == 1;
-  }
-
-  void take_lease(const request_id& id, std::string_view owner, int attempts,
-                  const lease_terms& t) override {
-    execute("UPDATE orpheus_records SET state = 1, lease_owner = ?, lease_expires_us = " ORPHEUS_NOW
-            " + ?, attempts = ?, updated_us = " ORPHEUS_NOW " WHERE scope = ? AND idem_key = ?",
-            owner, t.lease_us, attempts, id.scope, id.key);
-  }
-
-  bool finish(const request_id& id, std::string_view owner, record_state s, const response& r,
-              std::string_view last_error, const lease_terms& t) override {
-    return execute(
-               "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, "
-               "last_error = ?, lease_owner = NULL, lease_expires_us = NULL, "
-               "expires_us = " ORPHEUS_NOW " + ?, updated_us = " ORPHEUS_NOW
-               " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
-               static_cast<int>(s), r.status, headers_json(r), r.body, last_error, t.retention_us,
-               id.scope, id.key, owner) == 1;
-  }
-
-  bool release(const request_id& id, std::string_view owner, std::string_view why) override {
-    return execute(
-               "UPDATE orpheus_records SET state = 2, lease_owner = NULL, "
-               "lease_expires_us = NULL, last_error = ?, updated_us = " ORPHEUS_NOW
-               " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = 1",
-               why, id.scope, id.key, owner) == 1;
+  bool insert_if_absent(std::string_view sql, std::span<const sql_value> p) override {
+    return execute_values(sql, p) == 1;  // the dialect's ON CONFLICT DO NOTHING
   }
 
   // Returns once the batch holding this transaction is durable.
@@ -237,86 +175,100 @@ class sqlite_tx final : public store_tx {
   bool poisoned_ = false;
 };
 
-}  // namespace
+// A session for migrations: the writer's connection, outside any batch.
+class migration_session final : public tx {
+ public:
+  explicit migration_session(connection& c) : c_(c) {}
+  sql_rows query_values(std::string_view sql, std::span<const sql_value> p) override {
+    return c_.run(sql, p);
+  }
+  std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
+    if (p.empty()) {
+      c_.exec(std::string(sql).c_str());  // DDL: not kept in the statement cache
+    } else {
+      c_.run(sql, p);
+    }
+    return static_cast<std::uint64_t>(sqlite3_changes(c_.db()));
+  }
+  [[nodiscard]] std::size_t shard() const override { return 0; }
 
-sqlite_store::sqlite_store(sqlite_options options) : impl_(std::make_unique<impl>()) {
+ private:
+  connection& c_;
+};
+
+// Every write transaction goes through the one single_writer.
+class sqlite_backend final : public store_backend {
+ public:
+  explicit sqlite_backend(sqlite_options o)
+      : options_(std::move(o)),
+        dialect_(sqlite_dialect()),
+        // Open the file now: fail at start-up, not on first use.
+        writer_(std::make_unique<single_writer>(options_)),
+        reads_(options_) {}
+
+  [[nodiscard]] std::size_t shard_count() const override { return 1; }
+  [[nodiscard]] const sql_dialect& dialect() const override { return dialect_; }
+  [[nodiscard]] std::span<const detail::migration> migrations() const override {
+    return detail::sqlite_migrations();
+  }
+
+  std::unique_ptr<backend_tx> begin(std::size_t shard) override {
+    check(shard);
+    return std::make_unique<sqlite_tx>(*writer_);
+  }
+
+  sql_rows read(std::size_t shard, std::string_view sql,
+                std::span<const sql_value> params) override {
+    check(shard);
+    auto h = reads_.borrow();
+    return h.conn->run(sql, params);
+  }
+
+  void exclusively(std::size_t shard, const std::function<void(tx&)>& f) override {
+    check(shard);
+    writer_->exclusively([&](connection& c) {
+      c.exec("BEGIN IMMEDIATE");  // DDL is transactional in SQLite: all or nothing
+      try {
+        migration_session session(c);
+        f(session);
+        c.exec("COMMIT");
+      } catch (...) {
+        sqlite3_exec(c.db(), "ROLLBACK", nullptr, nullptr, nullptr);
+        throw;
+      }
+    });
+  }
+
+  [[nodiscard]] sqlite_writer_stats writer_stats() { return writer_->stats(); }
+
+ private:
+  static void check(std::size_t shard) {
+    if (shard != 0) throw storage_error::permanent("sqlite_store has one shard");
+  }
+
+  sqlite_options options_;
+  sql_dialect dialect_;
+  std::unique_ptr<single_writer> writer_;
+  read_pool reads_;
+};
+
+std::unique_ptr<store_backend> open_sqlite(sqlite_options options) {
   if (options.path.empty()) throw config_error("sqlite_store: path is empty");
   if (options.max_connections == 0) throw config_error("sqlite_store: max_connections is 0");
   if (options.busy_timeout.count() < 0) throw config_error("sqlite_store: negative busy_timeout");
   if (options.max_batch == 0) throw config_error("sqlite_store: max_batch is 0");
   if (options.max_batch_age.count() < 0) throw config_error("sqlite_store: negative max_batch_age");
-  impl_->options = std::move(options);
-  // Open the file now: fail at start-up, not on first use.
-  impl_->writer = std::make_unique<single_writer>(impl_->options);
+  return std::make_unique<sqlite_backend>(std::move(options));
 }
+
+}  // namespace
+
+sqlite_store::sqlite_store(sqlite_options options) : store(open_sqlite(std::move(options))) {}
 
 sqlite_store::~sqlite_store() = default;
 
-std::optional<record> sqlite_store::read(const request_id& id) { return impl_->select(id, false); }
-
-std::optional<record> sqlite_store::inspect(const request_id& id) {
-  return impl_->select(id, true);
-}
-
-std::unique_ptr<store_tx> sqlite_store::begin(const request_id&) { return begin_on_shard(0); }
-
-std::unique_ptr<store_tx> sqlite_store::begin_on_shard(std::size_t shard) {
-  if (shard != 0) throw storage_error::permanent("sqlite_store has one shard");
-  return std::make_unique<sqlite_tx>(*impl_->writer);
-}
-
-std::size_t sqlite_store::purge_expired(std::size_t shard, std::size_t limit) {
-  auto t = begin_on_shard(shard);
-  // Terminal records expire `retention` after they finished; records never
-  // finished (abandoned in progress or retryable) `retention` after their
-  // retry window closed. A live lease is never purged from under its attempt.
-  const auto n = t->execute(
-      "DELETE FROM orpheus_records WHERE rowid IN (SELECT rowid FROM orpheus_records "
-      "WHERE expires_us < " ORPHEUS_NOW " AND NOT (state = 1 AND lease_expires_us >= " ORPHEUS_NOW
-      ") ORDER BY expires_us LIMIT ?)",
-      static_cast<std::int64_t>(limit));
-  t->commit();
-  return n;
-}
-
-void sqlite_store::migrate() {
-  impl_->writer->exclusively([](connection& c) {
-    c.exec("BEGIN IMMEDIATE");  // DDL is transactional in SQLite: all or nothing
-    try {
-      c.exec(
-          "CREATE TABLE IF NOT EXISTS orpheus_schema_version (version INTEGER PRIMARY KEY, "
-          "name TEXT NOT NULL, applied_us INTEGER NOT NULL)");
-      const auto have = c.run("SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version", {});
-      const auto current = int_or_zero(have.at(0).values.at(0));
-      for (const auto& m : detail::sqlite_migrations()) {
-        if (m.version <= current) continue;
-        for (const auto& stmt : detail::split_statements(m.sql)) c.exec(stmt.c_str());
-        const sql_value params[] = {std::int64_t{m.version}, std::string(m.name)};
-        c.run(
-            "INSERT INTO orpheus_schema_version(version, name, applied_us) VALUES (?, "
-            "?, " ORPHEUS_NOW ")",
-            params);
-      }
-      c.exec("COMMIT");
-    } catch (...) {
-      sqlite3_exec(c.db(), "ROLLBACK", nullptr, nullptr, nullptr);
-      throw;
-    }
-  });
-}
-
-sqlite_writer_stats sqlite_store::writer_stats() { return impl_->writer->stats(); }
-
-int sqlite_store::schema_version(std::size_t shard) {
-  if (shard != 0) throw storage_error::permanent("sqlite_store has one shard");
-  auto h = impl_->borrow();
-  const auto exists = h.conn->run(
-      "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = "
-      "'orpheus_schema_version'",
-      {});
-  if (int_or_zero(exists.at(0).values.at(0)) == 0) return 0;
-  const auto v = h.conn->run("SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version", {});
-  return static_cast<int>(int_or_zero(v.at(0).values.at(0)));
+sqlite_writer_stats sqlite_store::writer_stats() {
+  return static_cast<sqlite_backend&>(backend()).writer_stats();
 }
 
 }  // namespace orpheus

@@ -1,0 +1,83 @@
+// The record state machine's SQL, written once for every backend, and the
+// transaction the manager runs it in. Internal: the manager and the tests use
+// it; applications get orpheus::transaction, which cannot reach these calls.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "orpheus/backend.hpp"
+#include "orpheus/request.hpp"
+#include "orpheus/store.hpp"
+
+namespace orpheus::detail {
+
+/// Every statement of the record layer, built once per store from its
+/// backend's dialect. The states are written from record_state.
+struct record_sql {
+  explicit record_sql(const sql_dialect& d);
+
+  std::string read_fast;  ///< the replay fast path (see record_from_fast_row)
+  std::string inspect;    ///< the whole record, no lock
+  std::string lock;       ///< the whole record, locked
+  std::string insert;
+  std::string save_pre_state;
+  std::string take_lease;
+  std::string finish;
+  std::string release;
+  std::string purge;
+  std::string create_version_table;
+  std::string count_tables;
+  std::string max_version;
+  std::string add_version;
+};
+
+/// The library's side of a transaction on one shard: the record's writes
+/// (all fenced by the attempt's owner token except insert and take_lease,
+/// which run under the record's lock) on a backend transaction that the
+/// application's Pre/Post-RPC statements share. Destroying an uncommitted
+/// record_tx rolls it back.
+class record_tx {
+ public:
+  record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql);
+
+  /// Inserts a new in-progress record with a lease held by `owner`, attempt 1.
+  /// Returns false, changing nothing, when the key already has a record.
+  bool insert(const request_id& id, std::string_view owner, const lease_terms& terms);
+  /// Reads the record and locks it until the transaction ends.
+  std::optional<record> lock(const request_id& id);
+  /// Stores the Pre-RPC result; fenced by the owner token. May travel with
+  /// the commit() that follows (see backend_tx::execute_fenced); a failed
+  /// fence then makes commit() throw a non-retryable storage_error.
+  bool save_pre_state(const request_id& id, std::string_view owner, std::string_view json);
+  /// Under lock(): gives the lease to `new_owner` and sets the attempt count.
+  void take_lease(const request_id& id, std::string_view new_owner, int attempts,
+                  const lease_terms& terms);
+  /// Records a terminal state and its response, releasing the lease. Fenced:
+  /// returns false, changing nothing, when `owner` no longer holds the lease.
+  /// May travel with the commit() that follows; a failed fence then makes
+  /// commit() throw storage_error::lease_lost without committing anything.
+  bool finish(const request_id& id, std::string_view owner, record_state final_state,
+              const response& r, std::string_view last_error, const lease_terms& terms);
+  /// Marks the record retryable and releases the lease. Fenced like finish().
+  bool release(const request_id& id, std::string_view owner, std::string_view last_error);
+
+  /// Commits. A failure whose outcome is unknown throws a storage_error with
+  /// in_doubt() set.
+  void commit() { t_->commit(); }
+  void rollback() noexcept { t_->rollback(); }
+
+  /// The backend transaction, for the application's statements.
+  [[nodiscard]] backend_tx& statements() noexcept { return *t_; }
+
+ private:
+  std::unique_ptr<backend_tx> t_;
+  const record_sql& sql_;
+};
+
+/// Opens a record transaction on the shard of `id`.
+std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id);
+
+}  // namespace orpheus::detail

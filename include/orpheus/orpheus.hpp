@@ -1,0 +1,34 @@
+// Orpheus, all of the core's public API in one include.
+//
+//   #include "orpheus/orpheus.hpp"        // the core: library orpheus::core
+//   #include "orpheus/store/sqlite.hpp"   // a backend: its own library
+//
+//   orpheus::sqlite_store store({.path = "payments.db"});
+//   store.migrate();
+//   orpheus::manager manager(store);
+//   auto r = manager.process(id, pre, rpc, post);   // see manager.hpp
+//
+// What it brings: errors and their retry classes (error.hpp), request
+// identity, recorded responses and attempts (request.hpp), the transaction
+// handle of the Pre-RPC and Post-RPC phases (tx.hpp), the records and the
+// store interface (store.hpp), key-to-shard mapping (shard_map.hpp), the log
+// sink (log.hpp) and the manager (manager.hpp). It links with orpheus::core
+// alone: it includes no database and no Beast header.
+//
+// What it leaves out, because each needs its own library (CMake target):
+//   orpheus/store/sqlite.hpp     orpheus::sqlite   the SQLite backend
+//   orpheus/store/mysql.hpp      orpheus::mysql    the MySQL/MariaDB backend
+//                                                  (built with ORPHEUS_WITH_MYSQL)
+//   orpheus/beast/*.hpp          orpheus::beast    HTTP middleware, server, client
+//   orpheus/client/*.hpp         orpheus::client   the retrying client, key journal
+//   orpheus/payment/charge.hpp   orpheus::payment  a classified payment call
+// orpheus/detail/* are internals that the headers above include as needed.
+#pragma once
+
+#include "orpheus/error.hpp"
+#include "orpheus/log.hpp"
+#include "orpheus/manager.hpp"
+#include "orpheus/request.hpp"
+#include "orpheus/shard_map.hpp"
+#include "orpheus/store.hpp"
+#include "orpheus/tx.hpp"

@@ -1,0 +1,163 @@
+// The record state machine's SQL, once for every backend (docs/state-machine.md).
+// Each statement is built from the backend's dialect when the store opens;
+// states are written from record_state, never as bare numbers.
+#include "orpheus/detail/records.hpp"
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "orpheus/detail/record_row.hpp"
+
+namespace orpheus::detail {
+namespace {
+
+std::string number(record_state s) { return std::to_string(static_cast<int>(s)); }
+
+// Every write of an attempt is fenced: it changes the row only while this
+// attempt's owner token holds the lease of an in-progress record.
+std::string fence() {
+  return " WHERE scope = ? AND idem_key = ? AND lease_owner = ? AND state = " +
+         number(record_state::in_progress);
+}
+
+std::string select_full(const sql_dialect& d) {
+  return std::string("SELECT ")
+      .append(record_columns_fast)
+      .append(", ")
+      .append(d.now_us)
+      .append(", ")
+      .append(record_columns_rest)
+      .append(" FROM orpheus_records WHERE scope = ? AND idem_key = ?");
+}
+
+// The replay fast path's SELECT. On MySQL the connector's cost per result
+// column dominates a replay: each column costs a name-map entry (upper-cased),
+// a bound buffer and a getter call, about 3,000 instructions (callgrind,
+// bench/process_bench.cpp), against about 1,000 for everything Orpheus adds
+// around the read. So the five numbers, the fingerprint and the lease owner
+// come back as ONE text column, and only headers and body (any bytes) keep
+// their own: 3 columns instead of 9. The concatenation has no NULL part
+// (hence the COALESCEs, which give what record_from_row() gives a NULL: 0 or
+// ""). Every part is digits or hex (the fingerprint and the owner token are
+// written validated), so a space separates them unambiguously. Every column
+// has a one-letter alias: the connector upper-cases each column's name for
+// every result set.
+std::string select_fast(const sql_dialect& d) {
+  const std::vector<std::string> parts = {
+      "state",  "attempts",    "COALESCE(lease_expires_us, 0)", "COALESCE(status, 0)",
+      d.now_us, "fingerprint", "COALESCE(lease_owner, '')"};
+  std::string sql = "SELECT " + d.concat_open;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) sql += d.concat_separator;
+    sql += parts[i];
+  }
+  return sql + d.concat_close +
+         " AS r, headers AS h, body AS b FROM orpheus_records WHERE scope = ? AND idem_key = ?";
+}
+
+std::string headers_json(const response& r) {
+  return nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+storage_error pre_state_fence_failed() {
+  return storage_error::permanent("lease row vanished inside its own transaction");
+}
+
+storage_error finish_fence_failed() {
+  return storage_error::lease_lost(
+      "the fenced finish found another owner's lease; nothing committed");
+}
+
+}  // namespace
+
+record_sql::record_sql(const sql_dialect& d) {
+  const std::string& now = d.now_us;
+  const std::string in_progress = number(record_state::in_progress);
+  read_fast = select_fast(d);
+  inspect = select_full(d);
+  lock = select_full(d) + d.lock_suffix;
+  // An unfinished record expires too, at the end of its retry window plus the
+  // retention, so an abandoned one is purged in the end (finish() moves
+  // expires_us to its own retention).
+  insert =
+      "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, attempts, lease_owner, "
+      "lease_expires_us, created_us, updated_us, retry_until_us, expires_us) VALUES (?, ?, ?, " +
+      in_progress + ", 1, ?, " + now + " + ?, " + now + ", " + now + ", " + now + " + ?, " + now +
+      " + ? + ?)" + d.insert_if_absent_suffix;
+  save_pre_state = "UPDATE orpheus_records SET pre_state = ?, updated_us = " + now + fence();
+  take_lease = "UPDATE orpheus_records SET state = " + in_progress +
+               ", lease_owner = ?, lease_expires_us = " + now +
+               " + ?, attempts = ?, updated_us = " + now + " WHERE scope = ? AND idem_key = ?";
+  finish =
+      "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, last_error = ?, "
+      "lease_owner = NULL, lease_expires_us = NULL, expires_us = " +
+      now + " + ?, updated_us = " + now + fence();
+  release = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
+            ", lease_owner = NULL, lease_expires_us = NULL, last_error = ?, updated_us = " + now +
+            fence();
+  // Any state goes once its expiry has passed, except a record under a live
+  // lease: someone is working on it right now.
+  purge = d.bounded_delete("orpheus_records",
+                           "expires_us < " + now + " AND (state <> " + in_progress +
+                               " OR lease_expires_us IS NULL OR lease_expires_us < " + now + ")",
+                           "expires_us");
+  create_version_table = d.create_version_table;
+  count_tables = d.count_tables;
+  max_version = "SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version";
+  add_version =
+      "INSERT INTO orpheus_schema_version(version, name, applied_us) VALUES (?, ?, " + now + ")";
+}
+
+record_tx::record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql)
+    : t_(std::move(t)), sql_(sql) {}
+
+bool record_tx::insert(const request_id& id, std::string_view owner, const lease_terms& t) {
+  const sql_value p[] = {id.scope,           id.key,        id.fingerprint,
+                         std::string(owner), t.lease_us,    t.retry_window_us,
+                         t.retry_window_us,  t.retention_us};
+  return t_->insert_if_absent(sql_.insert, p);
+}
+
+std::optional<record> record_tx::lock(const request_id& id) {
+  const sql_value p[] = {id.scope, id.key};
+  auto rows = t_->query_values(sql_.lock, p);
+  if (rows.empty()) return std::nullopt;
+  return record_from_row(rows.front(), true);
+}
+
+bool record_tx::save_pre_state(const request_id& id, std::string_view owner,
+                               std::string_view json) {
+  const sql_value p[] = {std::string(json), id.scope, id.key, std::string(owner)};
+  return t_->execute_fenced(sql_.save_pre_state, p, &pre_state_fence_failed);
+}
+
+void record_tx::take_lease(const request_id& id, std::string_view owner, int attempts,
+                           const lease_terms& t) {
+  const sql_value p[] = {std::string(owner), t.lease_us, std::int64_t{attempts}, id.scope, id.key};
+  t_->execute_values(sql_.take_lease, p);
+}
+
+bool record_tx::finish(const request_id& id, std::string_view owner, record_state s,
+                       const response& r, std::string_view last_error, const lease_terms& t) {
+  const sql_value p[] = {std::int64_t{static_cast<int>(s)},
+                         std::int64_t{r.status},
+                         headers_json(r),
+                         r.body,
+                         std::string(last_error),
+                         t.retention_us,
+                         id.scope,
+                         id.key,
+                         std::string(owner)};
+  return t_->execute_fenced(sql_.finish, p, &finish_fence_failed);
+}
+
+bool record_tx::release(const request_id& id, std::string_view owner, std::string_view why) {
+  const sql_value p[] = {std::string(why), id.scope, id.key, std::string(owner)};
+  return t_->execute_values(sql_.release, p) == 1;
+}
+
+std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id) {
+  return std::make_unique<record_tx>(s.backend().begin(s.shard_of(id)), s.statements());
+}
+
+}  // namespace orpheus::detail

@@ -1,0 +1,87 @@
+// The store: what the application and the manager ask of the records, on any
+// backend. The SQL is the record layer's (records.cpp); the backend runs it.
+#include "orpheus/store.hpp"
+
+#include "orpheus/detail/record_row.hpp"
+#include "orpheus/detail/records.hpp"
+#include "orpheus/shard_map.hpp"
+
+namespace orpheus {
+namespace {
+
+std::int64_t first_int(const sql_rows& rows) {
+  return rows.empty() || rows.front().values.empty()
+             ? 0
+             : detail::int_or_zero(rows.front().values.front());
+}
+
+}  // namespace
+
+store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backend)) {
+  if (!backend_) throw config_error("store: no backend");
+  if (backend_->shard_count() == 0) throw config_error("store: the backend has no shard");
+  sql_ = std::make_unique<const detail::record_sql>(backend_->dialect());
+}
+
+store::~store() = default;
+
+std::size_t store::shard_count() const { return backend_->shard_count(); }
+
+std::size_t store::shard_of(const request_id& id) const {
+  return shard_for(id.scope, id.key, shard_count());
+}
+
+std::optional<record> store::read(const request_id& id) {
+  const sql_value p[] = {id.scope, id.key};
+  const auto rows = backend_->read(shard_of(id), sql_->read_fast, p);
+  if (rows.empty()) return std::nullopt;
+  return detail::record_from_fast_row(rows.front());
+}
+
+std::optional<record> store::inspect(const request_id& id) {
+  const sql_value p[] = {id.scope, id.key};
+  const auto rows = backend_->read(shard_of(id), sql_->inspect, p);
+  if (rows.empty()) return std::nullopt;
+  return detail::record_from_row(rows.front(), true);
+}
+
+std::unique_ptr<transaction> store::begin_on_shard(std::size_t shard) {
+  if (shard >= shard_count()) {
+    throw storage_error::permanent("store: no shard " + std::to_string(shard) + " (there are " +
+                                   std::to_string(shard_count()) + ")");
+  }
+  return backend_->begin(shard);
+}
+
+std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
+  auto t = begin_on_shard(shard);
+  const auto n = t->execute(sql_->purge, static_cast<std::int64_t>(limit));
+  t->commit();
+  return n;
+}
+
+void store::migrate() {
+  const auto migrations = backend_->migrations();
+  for (std::size_t s = 0; s < shard_count(); ++s) {
+    backend_->exclusively(s, [&](tx& t) {
+      t.execute(sql_->create_version_table);
+      const std::int64_t current = first_int(t.query(sql_->max_version));
+      // Each file is recorded as soon as it is applied: where DDL is not
+      // transactional (MySQL), a failed run resumes at the file that failed.
+      for (const auto& m : migrations) {
+        if (m.version <= current) continue;
+        for (const auto& statement : detail::split_statements(m.sql)) t.execute(statement);
+        t.execute(sql_->add_version, m.version, m.name);
+      }
+    });
+  }
+}
+
+int store::schema_version(std::size_t shard) {
+  if (shard >= shard_count()) throw storage_error::permanent("store: no such shard");
+  const sql_value table[] = {std::string("orpheus_schema_version")};
+  if (first_int(backend_->read(shard, sql_->count_tables, table)) == 0) return 0;
+  return static_cast<int>(first_int(backend_->read(shard, sql_->max_version, {})));
+}
+
+}  // namespace orpheus

@@ -1,0 +1,132 @@
+#include "connection.hpp"
+
+#include <cppconn/datatype.h>
+#include <cppconn/driver.h>
+#include <cppconn/resultset_metadata.h>
+
+#include <string>
+#include <vector>
+
+namespace orpheus::mysql_detail {
+
+sql::Driver* driver() {
+  // A function-local static is initialised exactly once.
+  static sql::Driver* d = get_driver_instance();
+  return d;
+}
+
+connection::connection(const mysql_shard& s, const mysql_options& o, bool autocommit,
+                       std::uint64_t generation)
+    : generation_(generation) {
+  sql::ConnectOptionsMap opts;
+  opts["hostName"] = sql::SQLString("tcp://" + s.host + ":" + std::to_string(s.port));
+  opts["userName"] = sql::SQLString(s.user);
+  opts["password"] = sql::SQLString(s.password);
+  opts["schema"] = sql::SQLString(s.database);
+  opts["OPT_CONNECT_TIMEOUT"] = static_cast<int>(o.connect_timeout.count());
+  opts["OPT_READ_TIMEOUT"] = static_cast<int>(o.read_timeout.count());
+  opts["OPT_WRITE_TIMEOUT"] = static_cast<int>(o.write_timeout.count());
+  opts["OPT_RECONNECT"] = false;     // docs/mysql.md: silent autocommit after loss
+  opts["CLIENT_FOUND_ROWS"] = true;  // affected rows = matched rows
+  conn_.reset(driver()->connect(opts));
+  std::unique_ptr<sql::Statement> st(conn_->createStatement());
+  // Bug 9 of issue 7: a host that dies mid-transaction used to keep its
+  // rows locked until the server's default wait_timeout (8 hours) while
+  // every attempt on the key waited the server's lock wait (50 s). The
+  // session ends within session_idle_timeout of its client going silent,
+  // whether the server waits for the next command (wait_timeout) or is
+  // inside a packet (net_read_timeout / net_write_timeout), and its
+  // transaction rolls back; a waiter gives up after lock_wait_timeout
+  // with a retryable 1205.
+  const std::string idle = std::to_string(o.session_idle_timeout.count());
+  st->execute("SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = " +
+              std::to_string(o.lock_wait_timeout.count()) + ", SESSION wait_timeout = " + idle +
+              ", SESSION net_read_timeout = " + idle + ", SESSION net_write_timeout = " + idle);
+  st->execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+  // Whether a lock wait timeout rolls back the whole transaction (then it
+  // must poison it, like a deadlock) or just the statement (the default).
+  // The same round trip asks whether the server is MariaDB: its compound
+  // statements let commit() store the Pre-RPC result too (see mysql_tx).
+  std::unique_ptr<sql::ResultSet> rs(
+      st->executeQuery("SELECT @@innodb_rollback_on_timeout, VERSION() LIKE '%MariaDB%'"));
+  const bool got = rs->next();
+  rollback_on_timeout_ = got && rs->getInt(1) != 0;
+  mariadb_ = got && rs->getInt(2) != 0;
+  rs.reset();
+  conn_->setAutoCommit(autocommit);
+  last_used_ = steady::now();
+}
+
+sql::PreparedStatement& connection::prepare(std::string_view sql) {
+  if (auto* ps = cache_.find(sql)) return *ps;
+  return *cache_.add(sql, std::unique_ptr<sql::PreparedStatement>(
+                              conn_->prepareStatement(sql::SQLString(std::string(sql)))));
+}
+
+void bind(sql::PreparedStatement& ps, std::span<const sql_value> params) {
+  unsigned i = 1;
+  for (const auto& p : params) {
+    if (std::holds_alternative<std::nullptr_t>(p)) {
+      ps.setNull(i, sql::DataType::SQLNULL);
+    } else if (const auto* n = std::get_if<std::int64_t>(&p)) {
+      ps.setInt64(i, *n);
+    } else if (const auto* d = std::get_if<double>(&p)) {
+      ps.setDouble(i, *d);
+    } else {
+      ps.setString(i, sql::SQLString(std::get<std::string>(p)));
+    }
+    ++i;
+  }
+}
+
+sql_rows read_rows(sql::ResultSet& rs) {
+  sql_rows rows;
+  sql::ResultSetMetaData* md = rs.getMetaData();
+  const unsigned n = md->getColumnCount();
+  std::vector<int> types(n);
+  for (unsigned c = 0; c < n; ++c) types[c] = md->getColumnType(c + 1);
+  while (rs.next()) {
+    sql_row row;
+    row.values.reserve(n);
+    for (unsigned c = 1; c <= n; ++c) {
+      if (rs.isNull(c)) {
+        row.values.emplace_back(nullptr);
+        continue;
+      }
+      switch (types[c - 1]) {
+        case sql::DataType::BIT:
+        case sql::DataType::TINYINT:
+        case sql::DataType::SMALLINT:
+        case sql::DataType::MEDIUMINT:
+        case sql::DataType::INTEGER:
+        case sql::DataType::BIGINT:
+        case sql::DataType::YEAR:
+          row.values.emplace_back(static_cast<std::int64_t>(rs.getInt64(c)));
+          break;
+        case sql::DataType::REAL:
+        case sql::DataType::DOUBLE:
+          row.values.emplace_back(static_cast<double>(rs.getDouble(c)));
+          break;
+        default:
+          row.values.emplace_back(rs.getString(c).asStdString());
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+sql_rows run_query(connection& c, std::string_view sql, std::span<const sql_value> p) {
+  auto& ps = c.prepare(sql);
+  bind(ps, p);
+  std::unique_ptr<sql::ResultSet> rs(ps.executeQuery());
+  return read_rows(*rs);
+}
+
+std::uint64_t run_update(connection& c, std::string_view sql, std::span<const sql_value> p) {
+  auto& ps = c.prepare(sql);
+  bind(ps, p);
+  return static_cast<std::uint64_t>(ps.executeUpdate());
+}
+
+}  // namespace orpheus::mysql_detail

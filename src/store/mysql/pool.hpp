@@ -1,0 +1,106 @@
+// The bounded connection pool of one shard, and the borrowed connection
+// that runs statements and translates driver errors (errors.hpp).
+#pragma once
+
+#include <cppconn/exception.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "connection.hpp"
+#include "errors.hpp"
+
+namespace orpheus::mysql_detail {
+
+class pool {
+ public:
+  /// `epoch` is shared by the pools of one shard: a broken connection in
+  /// either makes every idle connection of the shard suspect (pinged first).
+  pool(mysql_shard shard, const mysql_options& o, bool autocommit,
+       std::atomic<std::uint64_t>& epoch)
+      : shard_(std::move(shard)),
+        options_(o),
+        autocommit_(autocommit),
+        generation_(epoch),
+        // The server closes a session idle for session_idle_timeout (its
+        // wait_timeout). The client's idle clock starts a little after the
+        // server's, so a connection idle for most of the timeout is dropped
+        // unasked rather than lent out to die on its first statement (bug 9);
+        // one idle for half of it is pinged first.
+        discard_after_(o.session_idle_timeout - o.session_idle_timeout / 4),
+        ping_after_(std::min<steady::duration>(o.ping_after_idle, o.session_idle_timeout / 2)) {}
+
+  /// Lends a connection: an idle one (pinged first when suspect, dropped
+  /// when the server has closed it for idleness) or a new one. Waits at most
+  /// pool_wait, then throws a retryable storage_error.
+  std::unique_ptr<connection> borrow();
+  /// Returns a connection; a broken one is closed, and every idle connection
+  /// opened before it is pinged before its next use.
+  void give_back(std::unique_ptr<connection> c, bool broken);
+
+  const mysql_shard& shard() const { return shard_; }
+
+ private:
+  void forget_one();
+
+  mysql_shard shard_;
+  const mysql_options& options_;
+  bool autocommit_;
+  std::mutex mutex_;
+  std::condition_variable available_;
+  std::vector<std::unique_ptr<connection>> idle_;
+  std::size_t open_ = 0;
+  std::atomic<std::uint64_t>& generation_;
+  steady::duration discard_after_;
+  steady::duration ping_after_;
+};
+
+/// A borrowed connection, returned on destruction (discarded if broken).
+class borrowed {
+ public:
+  explicit borrowed(pool& p) : pool_(&p), conn_(p.borrow()) {}
+  borrowed(const borrowed&) = delete;
+  borrowed& operator=(const borrowed&) = delete;
+  ~borrowed() {
+    if (conn_) pool_->give_back(std::move(conn_), broken_);
+  }
+  connection& operator*() { return *conn_; }
+  connection* operator->() { return conn_.get(); }
+  void mark_broken() { broken_ = true; }
+  [[nodiscard]] bool broken() const { return broken_; }
+  /// The driver's code of the last failed statement (0 if it succeeded).
+  [[nodiscard]] int last_error_code() const { return last_code_; }
+  /// The last failed statement ended the server-side transaction (deadlock,
+  /// lost connection, ...): see mysql_detail::verdict.
+  [[nodiscard]] bool transaction_ended() const { return ended_; }
+
+  /// Runs `f`, translating driver errors; a broken link marks the connection.
+  template <class F>
+  auto guarded(std::string_view what, F&& f, bool in_commit = false) {
+    last_code_ = 0;
+    ended_ = false;
+    try {
+      return f(*conn_);
+    } catch (const sql::SQLException& e) {
+      last_code_ = e.getErrorCode();
+      const bool timeout_rolls_back = conn_->rollback_on_timeout();
+      const auto v = mysql_detail::judge(e, in_commit, timeout_rolls_back);
+      if (v.connection_broken) broken_ = true;
+      ended_ = v.transaction_ended;
+      throw classify(e, what, in_commit, timeout_rolls_back);
+    }
+  }
+
+ private:
+  pool* pool_;
+  std::unique_ptr<connection> conn_;
+  bool broken_ = false;
+  bool ended_ = false;
+  int last_code_ = 0;
+};
+
+}  // namespace orpheus::mysql_detail

@@ -1,0 +1,43 @@
+// "mysql://user:password@host:port/database", parsed once, here.
+#include <charconv>
+
+#include "orpheus/store/mysql.hpp"
+
+namespace orpheus {
+
+mysql_shard parse_mysql_url(std::string_view url) {
+  constexpr std::string_view scheme = "mysql://";
+  auto bad = [&](const char* why) {
+    return config_error(std::string("bad MySQL URL (") + why +
+                        "); expected mysql://user:password@host:port/database");
+  };
+  if (url.substr(0, scheme.size()) != scheme) throw bad("scheme");
+  url.remove_prefix(scheme.size());
+  const auto at = url.rfind('@');
+  if (at == std::string_view::npos) throw bad("no user");
+  const auto creds = url.substr(0, at);
+  url.remove_prefix(at + 1);
+  mysql_shard s;
+  const auto colon = creds.find(':');
+  s.user = std::string(creds.substr(0, colon));
+  if (colon != std::string_view::npos) s.password = std::string(creds.substr(colon + 1));
+  const auto slash = url.find('/');
+  if (slash == std::string_view::npos) throw bad("no database");
+  const auto hostport = url.substr(0, slash);
+  s.database = std::string(url.substr(slash + 1));
+  const auto pc = hostport.rfind(':');
+  s.host = std::string(hostport.substr(0, pc));
+  if (pc != std::string_view::npos) {
+    const auto p = hostport.substr(pc + 1);
+    int port = 0;
+    const auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+    if (ec != std::errc{} || ptr != p.data() + p.size() || port <= 0 || port > 65535) {
+      throw bad("port");
+    }
+    s.port = port;
+  }
+  if (s.user.empty() || s.host.empty() || s.database.empty()) throw bad("empty part");
+  return s;
+}
+
+}  // namespace orpheus
