@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <boost/beast/http.hpp>
-#include <cctype>
 
+#include "orpheus/detail/hex.hpp"
 #include "orpheus/error.hpp"
 
 namespace examples::payments_server {
@@ -22,14 +22,14 @@ void from_json(const nlohmann::json& j, payment& p) {
 }
 
 std::string url_decode(std::string_view s) {
+  using orpheus::detail::hex_digit_value;
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '+') {
       out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size() &&
-               std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
-               std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+    } else if (s[i] == '%' && i + 2 < s.size() && hex_digit_value(s[i + 1]) >= 0 &&
+               hex_digit_value(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex_digit_value(s[i + 1]) * 16 + hex_digit_value(s[i + 2]));
       i += 2;
     } else {
       out += s[i];
