@@ -29,10 +29,11 @@ int main() {
         // when a.is_retry(), asks the gateway first what became of it.
         return "ch_" + a.downstream_key("charge") + " for " + payment;
       },
-      [&](orpheus::tx& tx, const orpheus::attempt&, const orpheus::outcome<std::string>& o) {
-        if (!o.ok()) return orpheus::problem_response(o.error());  // recorded, replayed
-        tx.execute("UPDATE payments SET charge = ? WHERE id = ?", o.value(), id.key);
-        return orpheus::response{201, {{"Content-Type", "text/plain"}}, o.value()};
+      [&](orpheus::tx& tx, const orpheus::attempt&, const std::string& charge) {  // Post-RPC
+        // Called on success only. A declined charge is recorded (and
+        // replayed) by the library; a timeout leaves the key retryable.
+        tx.execute("UPDATE payments SET charge = ? WHERE id = ?", charge, id.key);
+        return orpheus::response{201, {{"Content-Type", "text/plain"}}, charge};
       });
   /// [usage]
 

@@ -47,8 +47,8 @@ int main() {
           r.body() = body;
           return orpheus::beast::record_of(charge_card(r, a.downstream_key("charge")));
         },
-        [](orpheus::tx&, const orpheus::attempt&, const orpheus::outcome<orpheus::response>& o) {
-          return o.ok() ? o.value() : orpheus::problem_response(o.error());  // Post-RPC
+        [](orpheus::tx&, const orpheus::attempt&, const orpheus::response& charged) {
+          return charged;  // Post-RPC, on success only: the library records failures
         });
     /// [wrap]
   });

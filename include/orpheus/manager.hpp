@@ -7,10 +7,27 @@
 //   RPC       network only, no transaction, with a deadline before the lease
 //             ends and an Attempt (is_retry, number, downstream_key).
 //   Post-RPC  database only, in transaction 2 with the recorded response;
-//             it commits only if this attempt still holds the lease. It is
-//             called as post(tx, attempt, outcome) or, when it takes them,
-//             post(tx, attempt, pre_state, outcome): the Pre-RPC result is
-//             there even when the RPC failed.
+//             it commits only if this attempt still holds the lease. Two
+//             kinds, each with or without the Pre-RPC result:
+//               post(tx, attempt, const T& value)                success only
+//               post(tx, attempt, const PreState&, const T& value)
+//             is called only when the RPC succeeded. For a non-retryable
+//             failure the library records problem_response(error) itself;
+//             for a retryable one it records nothing final and Post-RPC is
+//             not called. This is the form to use unless you write on failure.
+//               post(tx, attempt, const outcome<T>&)             every outcome
+//               post(tx, attempt, const PreState&, const outcome<T>&)
+//             is called for every outcome and must handle failures itself
+//             (`if (!o.ok()) return problem_response(o.error());`). On a
+//             retryable outcome its SQL commits with the released lease, but
+//             the response it returns is discarded: the caller gets the
+//             retryable error, and the retry runs Post-RPC again.
+//             When a Post-RPC fits both kinds (a generic lambda), it is
+//             called as the outcome kind.
+//
+// Each phase's signature is a concept (pre_rpc_phase, rpc_phase,
+// post_rpc_phase); a handler that does not fit names the phase in the
+// compiler's message.
 //
 // A complete call, compiled and run by the tests: examples/1_quickstart/main.cpp
 // (the code README.md quotes). Behind HTTP, with a real bank call as the RPC:
@@ -18,8 +35,10 @@
 //
 // What process() returns: the response to send — produced now, or replayed
 // from the record (response::replayed), including recorded failures.
-// What it throws: orpheus::error, whose retryable() says whether the client
-// may retry with the same key (see error.hpp):
+// try_process() is the same call without exceptions, for adapters: it
+// returns the error_info that process() would throw (an outcome<response>).
+// What process() throws: orpheus::error, whose retryable() says whether the
+// client may retry with the same key (see error.hpp):
 //   bad_input_error (400)   invalid key/scope/fingerprint; nothing touched
 //   422 fingerprint_mismatch  key re-used with another payload; nothing changed
 //   409 in_progress         another attempt holds the lease; retryable, with
@@ -52,6 +71,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -122,11 +142,6 @@ class outcome {
 };
 
 namespace detail {
-template <class T>
-struct is_outcome : std::false_type {};
-template <class T>
-struct is_outcome<outcome<T>> : std::true_type {};
-
 template <class R>
 struct outcome_of {
   using type = outcome<R>;
@@ -135,6 +150,24 @@ template <class T>
 struct outcome_of<outcome<T>> {
   using type = outcome<T>;
 };
+
+template <class Pre>
+using pre_state_of = std::decay_t<std::invoke_result_t<Pre&, tx&>>;
+template <class Rpc, class PreState>
+using outcome_of_rpc = typename outcome_of<
+    std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const PreState&>>>::type;
+
+template <class Post, class PreState, class Outcome>
+concept post_on_outcome_with_state =
+    std::is_invocable_r_v<response, Post&, tx&, const attempt&, const PreState&, const Outcome&>;
+template <class Post, class Outcome>
+concept post_on_outcome =
+    std::is_invocable_r_v<response, Post&, tx&, const attempt&, const Outcome&>;
+template <class Post, class PreState, class T>
+concept post_on_success_with_state =
+    std::is_invocable_r_v<response, Post&, tx&, const attempt&, const PreState&, const T&>;
+template <class Post, class T>
+concept post_on_success = std::is_invocable_r_v<response, Post&, tx&, const attempt&, const T&>;
 
 /// The three phases with their types erased; see manager::process().
 struct phases {
@@ -148,14 +181,44 @@ struct phases {
 };
 }  // namespace detail
 
+/// Pre-RPC: `pre(tx&) -> PreState`, a value nlohmann::json can serialise.
+template <class Pre>
+concept pre_rpc_phase =
+    std::invocable<Pre&, tx&> && !std::is_void_v<std::invoke_result_t<Pre&, tx&>>;
+
+/// RPC: `rpc(const attempt&, const PreState&) -> T` or `-> outcome<T>`.
+template <class Rpc, class PreState>
+concept rpc_phase = std::invocable<Rpc&, const attempt&, const PreState&> &&
+    !std::is_void_v<std::invoke_result_t<Rpc&, const attempt&, const PreState&>>;
+
+/// Post-RPC: one of the four forms at the top of this file, returning a
+/// response. `Outcome` is outcome<T> for the RPC's T.
+template <class Post, class PreState, class Outcome>
+concept post_rpc_phase = detail::post_on_outcome_with_state<Post, PreState, Outcome> ||
+    detail::post_on_outcome<Post, Outcome> ||
+    detail::post_on_success_with_state<Post, PreState, typename Outcome::value_type> ||
+    detail::post_on_success<Post, typename Outcome::value_type>;
+
 class manager {
  public:
   /// Throws config_error when `c` is refused (see validate()).
   explicit manager(store& s, config c = {});
 
-  template <class Pre, class Rpc, class Post>
-  response process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
-                   const process_options& options = {});
+  template <pre_rpc_phase Pre, rpc_phase<detail::pre_state_of<Pre>> Rpc, class Post>
+  requires post_rpc_phase<Post, detail::pre_state_of<Pre>,
+                          detail::outcome_of_rpc<Rpc, detail::pre_state_of<Pre>>>
+      response process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
+                       const process_options& options = {});
+
+  /// process() without exceptions: the response, or the error process()
+  /// would have thrown (409 in_progress, 422 fingerprint_mismatch, a
+  /// retryable RPC failure, ...). An exception that is not an orpheus::error
+  /// is classified with config::unclassified.
+  template <pre_rpc_phase Pre, rpc_phase<detail::pre_state_of<Pre>> Rpc, class Post>
+  requires post_rpc_phase<Post, detail::pre_state_of<Pre>,
+                          detail::outcome_of_rpc<Rpc, detail::pre_state_of<Pre>>>
+      outcome<response> try_process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
+                                    const process_options& options = {});
 
   /// Purges one bounded batch of expired terminal records on every shard;
   /// returns how many were deleted.
@@ -171,15 +234,14 @@ class manager {
   config config_;
 };
 
-template <class Pre, class Rpc, class Post>
-response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
-                          const process_options& options) {
-  using pre_state = std::decay_t<std::invoke_result_t<Pre&, tx&>>;
-  static_assert(!std::is_void_v<pre_state>,
-                "Pre-RPC must return a value that nlohmann::json can "
-                "serialise; it is stored and handed to every retry");
-  using rpc_result = std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const pre_state&>>;
-  using outcome_t = typename detail::outcome_of<rpc_result>::type;
+template <pre_rpc_phase Pre, rpc_phase<detail::pre_state_of<Pre>> Rpc, class Post>
+requires post_rpc_phase<Post, detail::pre_state_of<Pre>,
+                        detail::outcome_of_rpc<Rpc, detail::pre_state_of<Pre>>>
+    response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
+                              const process_options& options) {
+  using pre_state = detail::pre_state_of<Pre>;
+  using outcome_t = detail::outcome_of_rpc<Rpc, pre_state>;
+  using value_t = typename outcome_t::value_type;
 
   std::optional<pre_state> state;
   std::optional<outcome_t> result;
@@ -196,15 +258,40 @@ response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& pos
                      return result->error();
                    },
                    [&](tx& t, const attempt& a) -> response {
-                     if constexpr (std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&,
-                                                       const outcome_t&>) {
+                     // The outcome kinds first: outcome<T> converts from T,
+                     // so they would also take the success kinds' argument.
+                     if constexpr (detail::post_on_outcome_with_state<Post, pre_state, outcome_t>) {
                        return std::invoke(post, t, a, std::as_const(*state),
                                           std::as_const(*result));
-                     } else {
+                     } else if constexpr (detail::post_on_outcome<Post, outcome_t>) {
                        return std::invoke(post, t, a, std::as_const(*result));
+                     } else {
+                       // Success only: a failure is recorded (non-retryable)
+                       // or left retryable by the library, never by Post-RPC.
+                       if (!result->ok()) return problem_response(result->error());
+                       if constexpr (detail::post_on_success_with_state<Post, pre_state, value_t>) {
+                         return std::invoke(post, t, a, std::as_const(*state), result->value());
+                       } else {
+                         return std::invoke(post, t, a, result->value());
+                       }
                      }
                    }};
   return run(id, p, options);
+}
+
+template <pre_rpc_phase Pre, rpc_phase<detail::pre_state_of<Pre>> Rpc, class Post>
+requires post_rpc_phase<Post, detail::pre_state_of<Pre>,
+                        detail::outcome_of_rpc<Rpc, detail::pre_state_of<Pre>>>
+    outcome<response> manager::try_process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
+                                           const process_options& options) {
+  try {
+    return process(id, std::forward<Pre>(pre), std::forward<Rpc>(rpc), std::forward<Post>(post),
+                   options);
+  } catch (const error& e) {
+    return e.info();
+  } catch (...) {
+    return classify(std::current_exception(), config_.unclassified);
+  }
 }
 
 }  // namespace orpheus

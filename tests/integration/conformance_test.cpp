@@ -29,6 +29,47 @@ void from_json(const nlohmann::json& j, payment& p) {
   j.at("amount").get_to(p.amount);
 }
 
+// Each phase's signature is a concept, so a handler that does not fit fails
+// to compile with the phase's name (issue 10, item 4). These are the forms.
+namespace signatures {
+struct pre_ok {
+  payment operator()(tx&) const;
+};
+struct pre_void {
+  void operator()(tx&) const;
+};
+struct rpc_ok {
+  std::string operator()(const attempt&, const payment&) const;
+};
+struct post_value {
+  response operator()(tx&, const attempt&, const std::string&) const;
+};
+struct post_state_value {
+  response operator()(tx&, const attempt&, const payment&, const std::string&) const;
+};
+struct post_outcome {
+  response operator()(tx&, const attempt&, const outcome<std::string>&) const;
+};
+struct post_state_outcome {
+  response operator()(tx&, const attempt&, const payment&, const outcome<std::string>&) const;
+};
+struct post_wrong_value {
+  response operator()(tx&, const attempt&, const payment&) const;
+};
+struct post_no_response {
+  void operator()(tx&, const attempt&, const std::string&) const;
+};
+using charge = outcome<std::string>;
+static_assert(pre_rpc_phase<pre_ok> && !pre_rpc_phase<pre_void>);
+static_assert(rpc_phase<rpc_ok, payment> && !rpc_phase<rpc_ok, std::string>);
+static_assert(post_rpc_phase<post_value, payment, charge>);
+static_assert(post_rpc_phase<post_state_value, payment, charge>);
+static_assert(post_rpc_phase<post_outcome, payment, charge>);
+static_assert(post_rpc_phase<post_state_outcome, payment, charge>);
+static_assert(!post_rpc_phase<post_wrong_value, payment, charge>);
+static_assert(!post_rpc_phase<post_no_response, payment, charge>);
+}  // namespace signatures
+
 class Conformance : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -499,6 +540,138 @@ TEST_P(Conformance, PostRpcCanTakeThePreRpcResultEvenWhenTheRpcFailed) {
   EXPECT_EQ(run(false).status, 201);
   EXPECT_EQ(run(true).status, 402);
   EXPECT_EQ(seen, (std::vector<std::string>{"pay-7:ch_1", "pay-7:card_declined"}));
+}
+
+// Issue 10, item 4: a Post-RPC that takes the RPC's value, not its outcome,
+// cannot drop a failure: it runs only on success; the library records a
+// non-retryable failure itself and leaves a retryable one retryable.
+TEST_P(Conformance, ASuccessOnlyPostRpcRunsOnSuccessAndTheLibraryRecordsFailures) {
+  manager m(*store_, short_lease());
+  int posts = 0;
+  auto run = [&](const std::string& key, const std::function<std::string()>& charge) {
+    const std::string pid = scope_ + "/" + key;
+    return m.process(
+        id(key),
+        [&](tx& t) {
+          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", pid, 900);
+          return payment{pid, 900};
+        },
+        [&](const attempt&, const payment&) { return charge(); },
+        [&](tx& t, const attempt&, const std::string& charge_id) {
+          ++posts;
+          t.execute("UPDATE test_payments SET result = ? WHERE id = ?", charge_id, pid);
+          return response{201, {}, charge_id};
+        });
+  };
+  auto charged = [] { return std::string("ch_9"); };
+  auto declined = []() -> std::string {
+    throw non_retryable_error("card_declined", "insufficient funds", 402);
+  };
+  auto timed_out = []() -> std::string {
+    throw retryable_error("gateway_timeout", "bank did not answer", 504);
+  };
+
+  EXPECT_EQ(run("ok", charged), (response{201, {}, "ch_9"}));
+  EXPECT_EQ(posts, 1);
+  EXPECT_EQ(app_result(scope_ + "/ok"), "ch_9");
+
+  const response first = run("declined", declined);
+  EXPECT_EQ(first.status, 402);
+  const auto body = nlohmann::json::parse(first.body);
+  EXPECT_EQ(body["code"], "card_declined");
+  EXPECT_EQ(body["retryable"], false);
+  EXPECT_EQ(posts, 1) << "Post-RPC was called for a failure";
+  EXPECT_EQ(store_->inspect(id("declined"))->state, record_state::failed);
+  EXPECT_EQ(app_amount(scope_ + "/declined"), 900);  // Pre-RPC's row stays
+  EXPECT_EQ(app_result(scope_ + "/declined"), "");
+  const response again = run("declined", charged);  // never charged again
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.status, 402);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(posts, 1);
+
+  try {
+    run("flaky", timed_out);
+    ADD_FAILURE() << "a retryable failure was not reported";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_EQ(e.code(), "gateway_timeout");
+  }
+  EXPECT_EQ(posts, 1) << "Post-RPC was called for a retryable failure";
+  const auto rec = store_->inspect(id("flaky"));
+  EXPECT_EQ(rec->state, record_state::retryable);
+  EXPECT_TRUE(rec->lease_owner.empty());
+  EXPECT_EQ(run("flaky", charged).status, 201);  // the retry finishes it
+  EXPECT_EQ(posts, 2);
+  EXPECT_EQ(store_->inspect(id("flaky"))->state, record_state::succeeded);
+}
+
+TEST_P(Conformance, ASuccessOnlyPostRpcCanTakeThePreRpcResult) {
+  manager m(*store_);
+  std::vector<std::string> seen;
+  auto run = [&](const std::string& key, bool fail) {
+    return m.process(
+        id(key),
+        [](tx&) {
+          return payment{"pay-8", 800};
+        },
+        [&](const attempt&, const payment& p) -> outcome<std::string> {
+          if (fail) return error_info{402, "card_declined", "no", false, false, std::nullopt};
+          return "ch_" + p.id;
+        },
+        [&](tx&, const attempt&, const payment& p, const std::string& charge_id) {
+          seen.push_back(p.id + ":" + charge_id);
+          return response{201, {}, charge_id};
+        });
+  };
+  EXPECT_EQ(run("a", false).body, "ch_pay-8");
+  EXPECT_EQ(run("b", true).status, 402);
+  EXPECT_EQ(seen, (std::vector<std::string>{"pay-8:ch_pay-8"}));
+}
+
+// try_process: what process() throws, as a value; 409 and 422 are expected
+// answers for an adapter, not exceptions.
+TEST_P(Conformance, TryProcessReturnsTheErrorsProcessThrows) {
+  manager m(*store_, short_lease());
+  auto pre = [](tx&) { return payment{"pay-1", 100}; };
+  auto rpc = [](const attempt&, const payment&) { return std::string("ch_1"); };
+  auto post = [](tx&, const attempt&, const std::string& c) { return response{201, {}, c}; };
+
+  const outcome<response> ok = m.try_process(id("k1"), pre, rpc, post);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok.value().body, "ch_1");
+  EXPECT_FALSE(ok.value().replayed);
+  const outcome<response> replay = m.try_process(id("k1"), pre, rpc, post);
+  ASSERT_TRUE(replay.ok());
+  EXPECT_TRUE(replay.value().replayed);
+
+  const outcome<response> mismatch = m.try_process(id("k1", "amount=999"), pre, rpc, post);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_EQ(mismatch.error().code, codes::fingerprint_mismatch);
+  EXPECT_FALSE(mismatch.retryable());
+
+  // A key held by another attempt: 409, retryable, with the time left.
+  std::optional<outcome<response>> held;
+  const outcome<response> holder = m.try_process(
+      id("k2"), pre,
+      [&](const attempt&, const payment&) {
+        held.emplace(m.try_process(id("k2"), pre, rpc, post));
+        return std::string("ch_2");
+      },
+      post);
+  EXPECT_TRUE(holder.ok());
+  ASSERT_TRUE(held.has_value());
+  ASSERT_FALSE(held->ok());
+  EXPECT_EQ(held->error().code, codes::in_progress);
+  EXPECT_TRUE(held->retryable());
+  EXPECT_TRUE(held->error().retry_after.has_value());
+
+  // Not an orpheus::error: classified with config::unclassified.
+  const outcome<response> odd = m.try_process(
+      id("k3"), [](tx&) -> payment { throw std::logic_error("boom"); }, rpc, post);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_FALSE(odd.retryable());
+  EXPECT_EQ(store_->inspect(id("k3")), std::nullopt);
 }
 
 TEST_P(Conformance, APermanentDatabaseErrorInPostRpcIsStillRetryable) {

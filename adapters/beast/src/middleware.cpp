@@ -234,9 +234,16 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
   // Issue 7, defect 12: such rows used to be kept for the full retention.
   if (!p->key_sent) o.retention = std::chrono::milliseconds(0);
   const std::string shown_key = p->key_sent ? p->id.key : std::string();
+  const outcome<response> out = p->run(p->id, p->req, o);
+  if (!out.ok()) {
+    const error_info& e = out.error();
+    if (e.code == codes::in_progress && wait_again(p, e.retry_after)) return;
+    log_internal(e, "scope=" + p->id.scope + " key=" + p->id.key);
+    return finish(*p, error_response(e, shown_key));
+  }
   http_response res;
-  try {
-    const response r = p->run(p->id, p->req, o);
+  try {  // the pool swallows what a job throws: every request gets an answer
+    const response& r = out.value();
     res = http_response{static_cast<http::status>(r.status), 11};
     for (const auto& [name, value] : r.headers) res.insert(name, value);
     res.body() = r.body;
@@ -246,10 +253,6 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
       res.set("Idempotency-Key-Retention", retention_seconds());
     }
     res.prepare_payload();
-  } catch (const error& e) {
-    if (e.info().code == codes::in_progress && wait_again(p, e.info().retry_after)) return;
-    log_internal(e.info(), "scope=" + p->id.scope + " key=" + p->id.key);
-    res = error_response(e.info(), shown_key);
   } catch (...) {
     const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
     log_internal(info, "scope=" + p->id.scope + " key=" + p->id.key);

@@ -5,8 +5,8 @@
 //   mw.handle(std::move(req), respond,
 //             [](orpheus::tx& tx, const http_request& req) { return record_payment(tx, req); },
 //             [](const orpheus::attempt& a, const payment& p) { return charge(a, p); },
-//             [](orpheus::tx& tx, const orpheus::attempt&, const orpheus::outcome<charge>& o) {
-//               return record_result(tx, o); });
+//             [](orpheus::tx& tx, const orpheus::attempt&, const charge& c) {
+//               return record_charge(tx, c); });  // on success; failures are recorded
 //
 // What it does, in the order it does it:
 //  1. reads the key from `Idempotency-Key` (name configurable; a bare token or
@@ -19,7 +19,7 @@
 //     deeper than `max_json_depth` is 400 at once; form bodies with their
 //     fields ordered by decoded name, repeated fields kept in the order
 //     sent);
-//  4. runs manager::process() on the bounded work_pool, never on the io
+//  4. runs manager::try_process() on the bounded work_pool, never on the io
 //     thread; a full queue answers 503, retryable. A request without a key
 //     (where none is required) runs under a random key of its own, and its
 //     record is kept for no time (process_options::retention = 0). With
@@ -123,7 +123,8 @@ class middleware {
     std::chrono::steady_clock::time_point started;
     std::chrono::steady_clock::time_point wait_until;
     std::chrono::milliseconds poll{5};
-    std::function<response(const request_id&, const http_request&, const process_options&)> run;
+    std::function<outcome<response>(const request_id&, const http_request&, const process_options&)>
+        run;
   };
   void start(std::shared_ptr<pending> p);
   void try_once(const std::shared_ptr<pending>& p);
@@ -160,7 +161,7 @@ void middleware::handle(http_request&& req, const responder& respond, Pre pre, R
   p->wait_until = started + options_.wait.wait_for;
   p->run = [this, pre = std::move(pre), rpc = std::move(rpc), post = std::move(post)](
                const request_id& id, const http_request& r, const process_options& o) {
-    return manager_.process(
+    return manager_.try_process(
         id, [&](tx& t) { return pre(t, r); }, rpc, post, o);
   };
   start(std::move(p));
