@@ -5,6 +5,7 @@
 #include "../../src/pre_state.hpp"
 #include "orpheus/detail/migration.hpp"
 #include "orpheus/detail/record_row.hpp"
+#include "orpheus/identify.hpp"
 #include "orpheus/request.hpp"
 
 namespace orpheus {
@@ -160,3 +161,104 @@ TEST(Migrations, SplitStatementsAtLineEndSemicolons) {
 
 }  // namespace
 }  // namespace orpheus
+
+// Issue 10, item 5: the identity and the fingerprint without Beast, for any
+// front end. The Beast middleware's own tests (middleware_test.cpp) check the
+// same rules through HTTP.
+namespace identify_tests {
+using orpheus::error_info;
+using orpheus::identify;
+using orpheus::identify_options;
+using orpheus::identity;
+using orpheus::request_text;
+
+request_text json_post(std::string_view body) {
+  return {"POST", "/v1/payments", "application/json", body, {}};
+}
+auto caller(std::optional<std::string> who) {
+  return [who] { return who; };
+}
+
+TEST(Identify, JsonKeyOrderAndSpacingDoNotChangeTheFingerprint) {
+  EXPECT_EQ(orpheus::canonical_request(json_post(R"({"a":1,"b":[1,2]})")),
+            orpheus::canonical_request(json_post(R"( { "b" : [1,2], "a" : 1 } )")));
+  EXPECT_NE(orpheus::canonical_request(json_post(R"({"a":1})")),
+            orpheus::canonical_request(json_post(R"({"a":2})")));
+  request_text form{"POST", "/v1/payments", "application/x-www-form-urlencoded", "b=2&a=1", {}};
+  request_text same = form;
+  same.body = "a=1&b=2";
+  EXPECT_EQ(orpheus::canonical_request(form), orpheus::canonical_request(same));
+  same.body = "a=2&b=1";
+  EXPECT_NE(orpheus::canonical_request(form), orpheus::canonical_request(same));
+  request_text with_header = json_post("{}");
+  with_header.headers = {{"X-Currency", "eur"}};
+  request_text other_header = with_header;
+  other_header.headers = {{"x-currency", "usd"}};
+  EXPECT_NE(orpheus::canonical_request(with_header), orpheus::canonical_request(other_header));
+  EXPECT_NE(orpheus::canonical_request(json_post("{}")),
+            orpheus::canonical_request({"POST", "/v1/refunds", "application/json", "{}", {}}));
+}
+
+TEST(Identify, GivesTheRequestIdOrTheAnswerInTheDocumentedOrder) {
+  const identify_options rules{"Idempotency-Key", true, 4};
+  const auto ok = identify(json_post(R"({"a":1})"), "order-1", caller("tenant-1"), rules);
+  ASSERT_TRUE(std::holds_alternative<identity>(ok));
+  const identity& who = std::get<identity>(ok);
+  EXPECT_EQ(who.id.scope, "tenant-1");
+  EXPECT_EQ(who.id.key, "order-1");
+  EXPECT_TRUE(who.key_sent);
+  EXPECT_EQ(who.id.fingerprint,
+            orpheus::fingerprint_of(orpheus::canonical_request(json_post(R"({"a":1})"), 4)));
+  // A quoted sf-string carries a key starting with a quote.
+  const auto quoted = identify(json_post("{}"), R"("\"q")", caller("t"), rules);
+  ASSERT_TRUE(std::holds_alternative<identity>(quoted));
+  EXPECT_EQ(std::get<identity>(quoted).id.key, "\"q");
+
+  auto code_of = [](const std::variant<identity, error_info>& v) {
+    return std::holds_alternative<error_info>(v)
+               ? std::to_string(std::get<error_info>(v).http_status) + " " +
+                     std::get<error_info>(v).code
+               : std::string("accepted");
+  };
+  int asked = 0;
+  auto counted = [&] {
+    ++asked;
+    return std::optional<std::string>("t");
+  };
+  EXPECT_EQ(code_of(identify(json_post("{}"), R"("open)", counted, rules)), "400 invalid_key");
+  EXPECT_EQ(code_of(identify(json_post("{}"), std::nullopt, counted, rules)), "400 missing_key");
+  EXPECT_EQ(code_of(identify(json_post("[[[[[1]]]]]"), "k", counted, rules)),
+            "400 invalid_request");
+  EXPECT_EQ(asked, 0) << "the caller's identity was asked for a request refused before";
+  EXPECT_EQ(code_of(identify(json_post("{}"), "k", caller(std::nullopt), rules)),
+            "401 unauthenticated");
+  EXPECT_EQ(code_of(identify(json_post("{}"), std::string(256, 'k'), counted, rules)),
+            "400 invalid_key");
+  EXPECT_EQ(code_of(identify(json_post("{}"), "k", caller(std::string(256, 's')), rules)),
+            "400 invalid_scope");
+  const auto refused =
+      std::get<error_info>(identify(json_post("{}"), std::nullopt, counted, rules));
+  EXPECT_FALSE(refused.retryable);
+  EXPECT_NE(refused.message.find("Idempotency-Key"), std::string::npos);
+}
+
+TEST(Identify, ARequestWithoutAKeyWhereNoneIsRequiredRunsUnderAKeyOfItsOwn) {
+  const identify_options optional_key{"Idempotency-Key", false, 64};
+  const auto a = identify(json_post("{}"), std::nullopt, caller("t"), optional_key);
+  const auto b = identify(json_post("{}"), std::nullopt, caller("t"), optional_key);
+  ASSERT_TRUE(std::holds_alternative<identity>(a));
+  ASSERT_TRUE(std::holds_alternative<identity>(b));
+  EXPECT_FALSE(std::get<identity>(a).key_sent);
+  EXPECT_NE(std::get<identity>(a).id.key, std::get<identity>(b).id.key);
+  EXPECT_EQ(std::get<identity>(a).id.key.rfind("orpheus-unkeyed-", 0), 0U);
+}
+
+TEST(Identify, JsonDepthIsMeasuredWithoutParsing) {
+  EXPECT_FALSE(orpheus::json_nested_deeper_than(R"({"a":[1,{"b":2}]})", 3));
+  EXPECT_TRUE(orpheus::json_nested_deeper_than(R"({"a":[1,{"b":2}]})", 2));
+  EXPECT_FALSE(orpheus::json_nested_deeper_than(R"(["[[[[[[", "\"[[[["])", 1));
+  EXPECT_TRUE(orpheus::json_nested_deeper_than(std::string(100000, '['), 64));
+  EXPECT_TRUE(orpheus::is_json_content_type("Application/JSON; charset=utf-8"));
+  EXPECT_FALSE(orpheus::is_json_content_type("text/plain"));
+}
+}  // namespace identify_tests

@@ -4,7 +4,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
-#include "orpheus/detail/hex.hpp"
+#include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
 
 namespace orpheus::beast {
@@ -16,97 +16,16 @@ namespace {
 // Beast 1.74 speaks boost::string_view.
 std::string_view sv(boost::beast::string_view v) { return {v.data(), v.size()}; }
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-
-// Form bodies: the same fields in another order are the same request. Only
-// the NAMES are ordered, stably: the order of a repeated field is part of its
-// meaning. (Issue 7, defect 2: sorting whole "name=value" fields gave
-// amount=100&...&amount=5 and amount=5&...&amount=100 one fingerprint, and
-// the second payment was answered with the first one's replay.)
-// Issue 9 (fuzzing): names are compared as a handler reads them, decoded
-// ('+' is a space, %XX a byte): amount=100&%61mount=5 and
-// %61mount=5&amount=100 were one fingerprint, though both send "amount"
-// twice, in another order. The fields themselves are kept as sent.
-std::string canonical_form(std::string_view body) {
-  using orpheus::detail::hex_digit_value;
-  auto decoded_name = [&](std::string_view f) {
-    f = f.substr(0, f.find('='));
-    std::string out;
-    for (std::size_t i = 0; i < f.size(); ++i) {
-      if (f[i] == '+') {
-        out += ' ';
-      } else if (f[i] == '%' && i + 2 < f.size() && hex_digit_value(f[i + 1]) >= 0 &&
-                 hex_digit_value(f[i + 2]) >= 0) {
-        out += static_cast<char>(hex_digit_value(f[i + 1]) * 16 + hex_digit_value(f[i + 2]));
-        i += 2;
-      } else {
-        out += f[i];
-      }
-    }
-    return out;
-  };
-  std::vector<std::pair<std::string, std::string_view>> fields;  // decoded name, field
-  while (!body.empty()) {
-    const auto amp = body.find('&');
-    const auto field = body.substr(0, amp);
-    fields.emplace_back(decoded_name(field), field);
-    body = amp == std::string_view::npos ? std::string_view{} : body.substr(amp + 1);
-  }
-  std::stable_sort(fields.begin(), fields.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::string out;
-  for (const auto& f : fields) out.append(f.second).push_back('&');
-  return out;
-}
-
-bool is_json(const http_request& req) {
-  return lower(sv(req[http::field::content_type])).rfind("application/json", 0) == 0;
-}
-
-// Whether a JSON text nests arrays and objects deeper than `limit`: one pass,
-// no recursion, brackets inside strings ignored. Issue 7, defect 14(a):
-// nlohmann's dump() (and the handler's own use of the value) recurses once
-// per level, so 100000 '[' overflowed the io thread's stack.
-bool nested_deeper_than(std::string_view text, std::size_t limit) {
-  std::size_t depth = 0;
-  bool in_string = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return false;
-}
-
-std::string canonical_body(const http_request& req, std::size_t max_json_depth) {
-  const auto type = lower(sv(req[http::field::content_type]));
-  if (type.rfind("application/json", 0) == 0 && !nested_deeper_than(req.body(), max_json_depth)) {
-    // Parsed and dumped again: key order and white space do not matter. A
-    // body that does not parse is fingerprinted as it is (the handler will
-    // refuse it anyway).
-    auto j = nlohmann::json::parse(req.body(), nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded()) return "json:" + j.dump();
-  }
-  if (type.rfind("application/x-www-form-urlencoded", 0) == 0) {
-    return "form:" + canonical_form(req.body());
-  }
-  return "raw:" + req.body();
+// The request as the core's identify() and canonical_request() read it.
+request_text text_of(const http_request& req, const std::vector<std::string>& headers) {
+  request_text t{sv(req.method_string()),
+                 sv(req.target()),
+                 sv(req[http::field::content_type]),
+                 req.body(),
+                 {}};
+  t.headers.reserve(headers.size());
+  for (const auto& name : headers) t.headers.emplace_back(name, std::string(sv(req[name])));
+  return t;
 }
 
 }  // namespace
@@ -126,74 +45,34 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
     : manager_(m), pool_(pool), options_(std::move(options)) {
   if (!options_.scope) throw config_error("middleware: a scope extractor is required");
   if (options_.key_header.empty()) throw config_error("middleware: key_header is empty");
-  for (auto& h : options_.fingerprint_headers) h = lower(h);
+  for (auto& h : options_.fingerprint_headers) {
+    std::transform(h.begin(), h.end(), h.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  }
 }
 
 std::string middleware::canonical_request(const http_request& req,
                                           const std::vector<std::string>& headers,
                                           std::size_t max_json_depth) {
-  std::string out;
-  out.append(sv(req.method_string())).push_back(' ');
-  out.append(sv(req.target())).push_back('\n');
-  for (const auto& name : headers) {
-    out.append(lower(name)).push_back(':');
-    out.append(sv(req[name])).push_back('\n');
-  }
-  out.push_back('\n');
-  out.append(canonical_body(req, max_json_depth));
-  return out;
+  return orpheus::canonical_request(text_of(req, headers), max_json_depth);
 }
 
+// The core decides (orpheus/identify.hpp); this only reads the Beast request
+// and writes the refusal as an HTTP answer (never echoing a refused key).
 std::variant<request_id, http_response> middleware::identify(const http_request& req) const {
-  std::optional<std::string> key;
   const auto field = req.find(options_.key_header);
-  if (field != req.end()) {
-    // The header's reading is the core's (key_of_header_value), the key rule
-    // the core's too (validate, below): the client helper sends with the same
-    // pair, so a key it accepts is a key this accepts.
-    key = key_of_header_value(sv(field->value()));
-    if (!key) {
-      return error_response(
-          error_info{400, std::string(codes::invalid_key),
-                     options_.key_header + " is not a valid token or quoted string", false, false,
-                     std::nullopt},
-          {});
-    }
-  } else if (std::find(options_.key_required_on.begin(), options_.key_required_on.end(),
-                       req.method()) != options_.key_required_on.end()) {
-    return error_response(
-        error_info{400, "missing_key", "this request needs an " + options_.key_header + " header",
-                   false, false, std::nullopt},
-        {});
-  } else {
-    // No key where none is required: no deduplication, as with any API. The
-    // request runs once under a key of its own, which is not echoed.
-    // 128 random bits per made-up key (issue 7.14(b): a thread_local
-    // mt19937_64 seeded once was predictable and repeated in a forked child).
-    key = "orpheus-unkeyed-" + orpheus::random_token();
-  }
-  // Before anything parses the body, here on the io thread.
-  if (is_json(req) && nested_deeper_than(req.body(), options_.max_json_depth)) {
-    return error_response(error_info{400, "invalid_request",
-                                     "the JSON body is nested deeper than " +
-                                         std::to_string(options_.max_json_depth) + " levels",
-                                     false, false, std::nullopt},
-                          {});
-  }
-  const std::optional<std::string> scope = options_.scope(req);
-  if (!scope) {
-    return error_response(
-        error_info{401, "unauthenticated", "no caller identity", false, false, std::nullopt}, {});
-  }
-  request_id id{*scope, *key,
-                fingerprint_of(
-                    canonical_request(req, options_.fingerprint_headers, options_.max_json_depth))};
-  try {
-    validate(id);
-  } catch (const error& e) {
-    return error_response(e.info(), {});  // never echo an invalid key
-  }
-  return id;
+  std::optional<std::string_view> key_value;
+  if (field != req.end()) key_value = sv(field->value());
+  const identify_options rules{
+      options_.key_header,
+      std::find(options_.key_required_on.begin(), options_.key_required_on.end(), req.method()) !=
+          options_.key_required_on.end(),
+      options_.max_json_depth};
+  auto who = orpheus::identify(
+      text_of(req, options_.fingerprint_headers), key_value, [&] { return options_.scope(req); },
+      rules);
+  if (auto* refused = std::get_if<error_info>(&who)) return error_response(*refused, {});
+  return std::get<identity>(std::move(who)).id;
 }
 
 http_response middleware::error_response(const error_info& e, const std::string& key) const {

@@ -1,0 +1,173 @@
+// A request's identity and fingerprint from plain strings (identify.hpp).
+// Moved here from the Beast middleware (issue 10, item 5), unchanged, so that
+// any front end computes them the same way.
+#include "orpheus/identify.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+
+#include "orpheus/detail/hex.hpp"
+
+namespace orpheus {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// Form bodies: the same fields in another order are the same request. Only
+// the NAMES are ordered, stably: the order of a repeated field is part of its
+// meaning. (Issue 7, defect 2: sorting whole "name=value" fields gave
+// amount=100&...&amount=5 and amount=5&...&amount=100 one fingerprint, and
+// the second payment was answered with the first one's replay.)
+// Issue 9 (fuzzing): names are compared as a handler reads them, decoded
+// ('+' is a space, %XX a byte): amount=100&%61mount=5 and
+// %61mount=5&amount=100 were one fingerprint, though both send "amount"
+// twice, in another order. The fields themselves are kept as sent.
+std::string canonical_form(std::string_view body) {
+  using detail::hex_digit_value;
+  auto decoded_name = [&](std::string_view f) {
+    f = f.substr(0, f.find('='));
+    std::string out;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (f[i] == '+') {
+        out += ' ';
+      } else if (f[i] == '%' && i + 2 < f.size() && hex_digit_value(f[i + 1]) >= 0 &&
+                 hex_digit_value(f[i + 2]) >= 0) {
+        out += static_cast<char>(hex_digit_value(f[i + 1]) * 16 + hex_digit_value(f[i + 2]));
+        i += 2;
+      } else {
+        out += f[i];
+      }
+    }
+    return out;
+  };
+  std::vector<std::pair<std::string, std::string_view>> fields;  // decoded name, field
+  while (!body.empty()) {
+    const auto amp = body.find('&');
+    const auto field = body.substr(0, amp);
+    fields.emplace_back(decoded_name(field), field);
+    body = amp == std::string_view::npos ? std::string_view{} : body.substr(amp + 1);
+  }
+  std::stable_sort(fields.begin(), fields.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out;
+  for (const auto& f : fields) out.append(f.second).push_back('&');
+  return out;
+}
+
+std::string canonical_body(std::string_view content_type, std::string_view body,
+                           std::size_t max_json_depth) {
+  const auto type = lower(content_type);
+  if (type.rfind("application/json", 0) == 0 && !json_nested_deeper_than(body, max_json_depth)) {
+    // Parsed and dumped again: key order and white space do not matter. A
+    // body that does not parse is fingerprinted as it is (the handler will
+    // refuse it anyway).
+    auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) return "json:" + j.dump();
+  }
+  if (type.rfind("application/x-www-form-urlencoded", 0) == 0) {
+    return "form:" + canonical_form(body);
+  }
+  return "raw:" + std::string(body);
+}
+
+error_info bad_request(std::string code, std::string message) {
+  return error_info{400, std::move(code), std::move(message), false, false, std::nullopt};
+}
+
+}  // namespace
+
+bool is_json_content_type(std::string_view content_type) {
+  return lower(content_type).rfind("application/json", 0) == 0;
+}
+
+// Issue 7, defect 14(a): nlohmann's dump() (and the handler's own use of the
+// value) recurses once per level, so 100000 '[' overflowed the io thread's
+// stack.
+bool json_nested_deeper_than(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return false;
+}
+
+std::string canonical_request(const request_text& r, std::size_t max_json_depth) {
+  std::string out;
+  out.append(r.method).push_back(' ');
+  out.append(r.target).push_back('\n');
+  for (const auto& [name, value] : r.headers) {
+    out.append(lower(name)).push_back(':');
+    out.append(value).push_back('\n');
+  }
+  out.push_back('\n');
+  out.append(canonical_body(r.content_type, r.body, max_json_depth));
+  return out;
+}
+
+std::variant<identity, error_info> identify(
+    const request_text& r, std::optional<std::string_view> key_header_value,
+    const std::function<std::optional<std::string>()>& scope, const identify_options& options) {
+  const std::string header(options.key_header);
+  identity who;
+  if (key_header_value) {
+    // The header's reading and the key rule are the core's: the client
+    // helper sends with the same pair, so a key it accepts is a key this
+    // accepts.
+    std::optional<std::string> key = key_of_header_value(*key_header_value);
+    if (!key) {
+      return bad_request(std::string(codes::invalid_key),
+                         header + " is not a valid token or quoted string");
+    }
+    who.id.key = std::move(*key);
+    who.key_sent = true;
+  } else if (options.key_required) {
+    return bad_request("missing_key", "this request needs an " + header + " header");
+  } else {
+    // No key where none is required: no deduplication, as with any API. The
+    // request runs once under a key of its own. 128 random bits per made-up
+    // key (issue 7.14(b): a thread_local mt19937_64 seeded once was
+    // predictable and repeated in a forked child).
+    who.id.key = "orpheus-unkeyed-" + random_token();
+  }
+  // Before anything parses the body (in the Beast middleware, on the io
+  // thread).
+  if (is_json_content_type(r.content_type) &&
+      json_nested_deeper_than(r.body, options.max_json_depth)) {
+    return bad_request("invalid_request", "the JSON body is nested deeper than " +
+                                              std::to_string(options.max_json_depth) + " levels");
+  }
+  std::optional<std::string> caller = scope ? scope() : std::nullopt;
+  if (!caller) {
+    return error_info{401, "unauthenticated", "no caller identity", false, false, std::nullopt};
+  }
+  who.id.scope = std::move(*caller);
+  who.id.fingerprint = fingerprint_of(canonical_request(r, options.max_json_depth));
+  try {
+    validate(who.id);
+  } catch (const error& e) {
+    return e.info();
+  }
+  return who;
+}
+
+}  // namespace orpheus
