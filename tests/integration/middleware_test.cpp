@@ -82,6 +82,15 @@ TEST_F(Middleware, AcceptsBareAndQuotedKeysAsTheSameKey) {
   EXPECT_EQ(escaped.result_int(), 201U);
   EXPECT_EQ(escaped["Idempotency-Key"], R"(a"b\c)");
   EXPECT_EQ(rpc, 2);
+  // A key that starts with a quote travels quoted both ways: echoed bare,
+  // "q would not read back as the key it is (found in review, issue 10).
+  const auto leading_quote = call(mw, post(R"("\"q")", R"({"a":1})"), &rpc);
+  EXPECT_EQ(leading_quote.result_int(), 201U);
+  EXPECT_EQ(leading_quote["Idempotency-Key"], R"("\"q")");
+  EXPECT_EQ(key_of_header_value(std::string(leading_quote["Idempotency-Key"])), R"("q)");
+  const auto held = call(mw, post(R"("\"q")", R"({"a":2})"), &rpc);  // 422 echoes it too
+  EXPECT_EQ(held.result_int(), 422U);
+  EXPECT_EQ(held["Idempotency-Key"], R"("\"q")");
   for (const auto* bad : {R"("unterminated)", R"("bad\escape")", R"("in"side")"}) {
     const auto r = call(mw, post(bad, "{}"), &rpc);
     EXPECT_EQ(r.result_int(), 400U) << bad;

@@ -91,7 +91,7 @@ http_response middleware::error_response(const error_info& e, const std::string&
     res.set(http::field::retry_after, std::to_string((after.count() + 999) / 1000));
   }
   if (!key.empty()) {
-    res.set(options_.key_header, key);
+    res.set(options_.key_header, key_header_value(key));  // as the client sends it
     res.set("Idempotency-Key-Retention", retention_seconds());
   }
   res.prepare_payload();
@@ -128,7 +128,7 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
     res.body() = r.body;
     if (r.replayed) res.set("Idempotent-Replayed", "true");
     if (p->key_sent) {
-      res.set(options_.key_header, p->id.key);
+      res.set(options_.key_header, key_header_value(p->id.key));  // as the client sends it
       res.set("Idempotency-Key-Retention", retention_seconds());
     }
     res.prepare_payload();
