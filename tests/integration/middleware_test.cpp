@@ -98,6 +98,77 @@ TEST_F(Middleware, AcceptsBareAndQuotedKeysAsTheSameKey) {
   }
 }
 
+// Issue 10, item 5: Pre-RPC may take the request id the middleware computed.
+TEST_F(Middleware, PreRpcCanTakeTheRequestId) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  std::promise<http_response> answer;
+  mw.handle(
+      post("order-7", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
+      [](tx&, const http_request&, const request_id& id) { return id.scope + "/" + id.key; },
+      [](const attempt& a, const std::string& who) { return who + " " + a.id().key; },
+      [](tx&, const attempt&, const std::string& body) {
+        return response{201, {}, body};
+      });
+  const auto r = answer.get_future().get();
+  EXPECT_EQ(r.result_int(), 201U);
+  EXPECT_EQ(r.body(), "c1/order-7 order-7");
+}
+
+// Issue 10, item 5: the one-lambda form runs the handler as the RPC, once
+// per key, and records what it answers; a retryable throw leaves the key to
+// the retry.
+TEST_F(Middleware, TheOneLambdaFormRecordsTheHandlersAnswer) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  std::atomic<int> calls{0};
+  std::atomic<bool> fail_once{false};
+  std::vector<bool> retries;
+  auto send = [&](const std::string& key, const std::string& body) {
+    std::promise<http_response> answer;
+    mw.handle(
+        post(key, body), [&](http_response r) { answer.set_value(std::move(r)); },
+        [&](const attempt& a, const http_request& req) {
+          ++calls;
+          retries.push_back(a.is_retry());
+          if (fail_once.exchange(false)) {
+            throw retryable_error("bank_unavailable", "the bank did not answer", 503);
+          }
+          http_response res{
+              req.body() == "boom" ? http::status::internal_server_error : http::status::created,
+              11};
+          res.set(http::field::content_type, "text/plain");
+          res.body() = "charged " + req.body() + " as " + a.downstream_key("charge");
+          res.prepare_payload();
+          return res;
+        });
+    return answer.get_future().get();
+  };
+  const auto first = send("k1", "100");
+  EXPECT_EQ(first.result_int(), 201U);
+  EXPECT_EQ(first.body().rfind("charged 100 as ", 0), 0U);
+  const auto replay = send("k1", "100");
+  EXPECT_EQ(replay["Idempotent-Replayed"], "true");
+  EXPECT_EQ(replay.body(), first.body());
+  EXPECT_EQ(send("k1", "999").result_int(), 422U);  // another payload
+  EXPECT_EQ(calls, 1);
+
+  fail_once = true;
+  const auto failed = send("k2", "200");
+  EXPECT_EQ(failed.result_int(), 503U);
+  EXPECT_EQ(nlohmann::json::parse(failed.body())["retryable"], true);
+  const auto retried = send("k2", "200");
+  EXPECT_EQ(retried.result_int(), 201U);
+  EXPECT_EQ(retries, (std::vector<bool>{false, false, true}));
+
+  const auto five_hundred = send("k3", "boom");  // an answer is recorded, 5xx too
+  EXPECT_EQ(five_hundred.result_int(), 500U);
+  EXPECT_EQ(send("k3", "boom")["Idempotent-Replayed"], "true");
+  EXPECT_EQ(calls, 4);
+}
+
 TEST_F(Middleware, FingerprintIgnoresJsonKeyOrderAndFormFieldOrder) {
   EXPECT_EQ(middleware::canonical_request(post("k", R"({"a":1,"b":[1,2]})"), {}),
             middleware::canonical_request(post("k", R"( { "b" : [1,2], "a" : 1 } )"), {}));

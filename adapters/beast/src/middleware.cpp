@@ -98,6 +98,29 @@ http_response middleware::error_response(const error_info& e, const std::string&
   return res;
 }
 
+std::shared_ptr<middleware::pending> middleware::admit(http_request&& req,
+                                                       const responder& respond) {
+  const auto started = std::chrono::steady_clock::now();
+  auto who = identify(req);
+  if (auto* early = std::get_if<http_response>(&who)) {
+    if (options_.observe) {
+      options_.observe(req, *early,
+                       std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::steady_clock::now() - started));
+    }
+    respond(std::move(*early));
+    return nullptr;
+  }
+  auto p = std::make_shared<pending>();
+  p->id = std::get<request_id>(std::move(who));
+  p->key_sent = req.find(options_.key_header) != req.end();
+  p->req = std::move(req);
+  p->respond = respond;
+  p->started = started;
+  p->wait_until = started + options_.wait.wait_for;
+  return p;
+}
+
 void middleware::start(std::shared_ptr<pending> p) {
   const responder respond = p->respond;
   submit([this, p = std::move(p)] { try_once(p); }, respond);

@@ -90,10 +90,25 @@ class middleware {
   middleware(manager& m, work_pool& pool, middleware_options options);
 
   /// Answers `req` through `respond`, exactly once, running the three phases
-  /// with the library's guarantees. Pre receives the request:
-  /// `pre(tx&, const http_request&) -> PreState`.
+  /// with the library's guarantees. Pre receives the request, and the
+  /// request id the middleware computed when it takes one:
+  /// `pre(tx&, const http_request&) -> PreState` or
+  /// `pre(tx&, const http_request&, const request_id&) -> PreState`.
+  /// Rpc and Post are manager::process()'s (orpheus/manager.hpp); both reach
+  /// the request id through `attempt::id()`.
   template <class Pre, class Rpc, class Post>
   void handle(http_request&& req, const responder& respond, Pre pre, Rpc rpc, Post post);
+
+  /// The one-lambda form, for a handler that calls downstream and answers:
+  /// `answer(const attempt&, const http_request&) -> http_response`. It runs
+  /// as the RPC phase (no database, outside any transaction, once per
+  /// attempt, with attempt::downstream_key() for the service it calls), and
+  /// whatever it answers is recorded and replayed, 5xx included. To leave
+  /// the key retryable instead, throw retryable_error; non_retryable_error
+  /// records a problem+json answer.
+  template <class Handler>
+  requires std::is_invocable_r_v<http_response, Handler&, const attempt&, const http_request&>
+  void handle(http_request&& req, const responder& respond, Handler answer);
 
   /// Runs other blocking work (a GET that reads the database) on the pool,
   /// with the same overload answer (503) when the queue is full.
@@ -126,6 +141,9 @@ class middleware {
     std::function<outcome<response>(const request_id&, const http_request&, const process_options&)>
         run;
   };
+  /// The request's pending state, or nullptr when it was answered already
+  /// (refused by identify(): 400, 401).
+  std::shared_ptr<pending> admit(http_request&& req, const responder& respond);
   void start(std::shared_ptr<pending> p);
   void try_once(const std::shared_ptr<pending>& p);
   bool wait_again(const std::shared_ptr<pending>& p,
@@ -142,27 +160,38 @@ class middleware {
 
 template <class Pre, class Rpc, class Post>
 void middleware::handle(http_request&& req, const responder& respond, Pre pre, Rpc rpc, Post post) {
-  const auto started = std::chrono::steady_clock::now();
-  auto who = identify(req);
-  if (auto* early = std::get_if<http_response>(&who)) {
-    if (options_.observe) {
-      options_.observe(req, *early,
-                       std::chrono::duration_cast<std::chrono::microseconds>(
-                           std::chrono::steady_clock::now() - started));
-    }
-    return respond(std::move(*early));
-  }
-  auto p = std::make_shared<pending>();
-  p->id = std::get<request_id>(std::move(who));
-  p->key_sent = req.find(options_.key_header) != req.end();
-  p->req = std::move(req);
-  p->respond = respond;
-  p->started = started;
-  p->wait_until = started + options_.wait.wait_for;
+  auto p = admit(std::move(req), respond);
+  if (!p) return;  // answered already (400, 401)
   p->run = [this, pre = std::move(pre), rpc = std::move(rpc), post = std::move(post)](
                const request_id& id, const http_request& r, const process_options& o) {
     return manager_.try_process(
-        id, [&](tx& t) { return pre(t, r); }, rpc, post, o);
+        id,
+        [&](tx& t) {
+          if constexpr (std::is_invocable_v<const Pre&, tx&, const http_request&,
+                                            const request_id&>) {
+            return pre(t, r, id);
+          } else {
+            return pre(t, r);
+          }
+        },
+        rpc, post, o);
+  };
+  start(std::move(p));
+}
+
+template <class Handler>
+requires std::is_invocable_r_v<http_response, Handler&, const attempt&, const http_request&>
+void middleware::handle(http_request&& req, const responder& respond, Handler answer) {
+  auto p = admit(std::move(req), respond);
+  if (!p) return;
+  // Pre-RPC stores nothing (an empty object): a retry needs only the request
+  // it is sent again with, which `pending` keeps for every try.
+  p->run = [this, answer = std::move(answer)](const request_id& id, const http_request& r,
+                                              const process_options& o) mutable {
+    return manager_.try_process(
+        id, [](tx&) { return nlohmann::json::object(); },
+        [&](const attempt& a, const nlohmann::json&) { return record_of(answer(a, r)); },
+        [](tx&, const attempt&, const response& recorded) { return recorded; }, o);
   };
   start(std::move(p));
 }
