@@ -39,17 +39,12 @@ int main() {
 
   orpheus::beast::server server({}, [&](http_request&& req, orpheus::beast::responder respond) {
     /// [wrap]
-    mw.handle(
-        std::move(req), respond,
-        [](orpheus::tx&, const http_request& r) { return std::string(r.body()); },  // Pre-RPC
-        [](const orpheus::attempt& a, const std::string& body) {                    // RPC
-          http_request r{http::verb::post, "/charge", 11};
-          r.body() = body;
-          return orpheus::beast::record_of(charge_card(r, a.downstream_key("charge")));
-        },
-        [](orpheus::tx&, const orpheus::attempt&, const orpheus::response& charged) {
-          return charged;  // Post-RPC, on success only: the library records failures
-        });
+    // One lambda: the handler runs as the RPC phase, once per key; its
+    // answer is recorded and replayed. With database work to do before or
+    // after the call, pass Pre-RPC, RPC and Post-RPC instead.
+    mw.handle(std::move(req), respond, [](const orpheus::attempt& a, const http_request& r) {
+      return charge_card(r, a.downstream_key("charge"));
+    });
     /// [wrap]
   });
   server.start();
