@@ -1,9 +1,12 @@
 #include "storage.hpp"
 
 #include <sstream>
+#include <stdexcept>
 
-#include "orpheus/store/mysql.hpp"
 #include "orpheus/store/sqlite.hpp"
+#if PAYMENTS_SERVER_WITH_MYSQL  // set by examples/CMakeLists.txt from ORPHEUS_WITH_MYSQL
+#include "orpheus/store/mysql.hpp"
+#endif
 
 namespace examples::payments_server {
 
@@ -27,9 +30,15 @@ std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts
   if (is_sqlite(parts)) {
     return std::make_unique<orpheus::sqlite_store>(orpheus::sqlite_options{parts[0].substr(7)});
   }
+#if PAYMENTS_SERVER_WITH_MYSQL
   orpheus::mysql_options o;
   for (const auto& p : parts) o.shards.push_back(orpheus::parse_mysql_url(p));
   return std::make_unique<orpheus::mysql_store>(o);
+#else
+  throw std::runtime_error(
+      "--store: this payments_server was built without MySQL (-DORPHEUS_WITH_MYSQL=OFF); "
+      "use one --store sqlite:PATH");
+#endif
 }
 
 void migrate_schema(orpheus::store& store) {

@@ -18,6 +18,8 @@ namespace examples::payments_server {
 [[nodiscard]] bool is_sqlite(const std::vector<std::string>& parts);
 
 /// The store the parts name: sqlite_store, or mysql_store over every shard.
+/// Built without MySQL (PAYMENTS_SERVER_WITH_MYSQL=0), anything but one
+/// sqlite:PATH throws std::runtime_error saying so.
 [[nodiscard]] std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts);
 
 /// Applies the library's migrations, then creates the payments table on every

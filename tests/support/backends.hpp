@@ -1,6 +1,8 @@
 // Test backends: a real SQLite file or the real MariaDB servers that
 // scripts/test starts (URLs in ORPHEUS_TEST_MYSQL, comma separated). A MySQL
-// test without a server FAILS: a skipped test is not a pass.
+// test without a server FAILS: a skipped test is not a pass. Built without
+// MySQL (ORPHEUS_TEST_WITH_MYSQL=0, from tests/CMakeLists.txt), a MySQL store
+// is never linked and asking for one fails the test.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,8 +16,13 @@
 #include <vector>
 
 #include "orpheus/detail/hex.hpp"
-#include "orpheus/store/mysql.hpp"
 #include "orpheus/store/sqlite.hpp"
+#ifndef ORPHEUS_TEST_WITH_MYSQL
+#define ORPHEUS_TEST_WITH_MYSQL 1
+#endif
+#if ORPHEUS_TEST_WITH_MYSQL
+#include "orpheus/store/mysql.hpp"
+#endif
 
 namespace orpheus::test {
 
@@ -46,6 +53,7 @@ inline std::unique_ptr<store> make_store(const std::string& kind, std::size_t sh
     s->migrate();
     return s;
   }
+#if ORPHEUS_TEST_WITH_MYSQL
   const auto urls = mysql_urls();
   if (urls.size() < shards) {
     ADD_FAILURE() << "ORPHEUS_TEST_MYSQL must list at least " << shards
@@ -57,6 +65,11 @@ inline std::unique_ptr<store> make_store(const std::string& kind, std::size_t sh
   auto s = std::make_unique<mysql_store>(o);
   s->migrate();
   return s;
+#else
+  ADD_FAILURE() << "store kind '" << kind << "': built without MySQL (-DORPHEUS_WITH_MYSQL=OFF)";
+  static_cast<void>(shards);
+  return nullptr;
+#endif
 }
 
 inline std::string backend_name(const testing::TestParamInfo<std::string>& p) { return p.param; }

@@ -8,6 +8,8 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstdio>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -283,7 +285,17 @@ server::server(server_options options, handler h) : impl_(std::make_shared<impl>
                              ec.message());
 }
 
-server::~server() { stop(); }
+server::~server() {
+  // stop() throws only if locking the mutex or joining an io thread fails
+  // (std::system_error). The threads may then still run on this state, so
+  // there is no safe way on: say so and end, as an escaping exception would.
+  try {
+    stop();
+  } catch (...) {
+    std::fputs("orpheus::beast::server: stop() failed in the destructor\n", stderr);
+    std::terminate();
+  }
+}
 
 unsigned short server::port() const { return impl_->acceptor.local_endpoint().port(); }
 

@@ -91,8 +91,9 @@ std::chrono::milliseconds backoff(const retry_policy& p, int retry,
                                   std::optional<std::chrono::milliseconds> retry_after,
                                   double random01) {
   const int shift = std::clamp(retry - 1, 0, 30);
-  const double ceiling = std::min(static_cast<double>(p.max_delay.count()),
-                                  static_cast<double>(p.base_delay.count()) * (1LL << shift));
+  const double ceiling =
+      std::min(static_cast<double>(p.max_delay.count()),
+               static_cast<double>(p.base_delay.count()) * static_cast<double>(1LL << shift));
   const auto jittered = std::chrono::milliseconds(static_cast<long>(ceiling * random01));
   return std::max(jittered, retry_after.value_or(std::chrono::milliseconds(0)));
 }

@@ -111,9 +111,4 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
 /// not_found as unknown.
 [[nodiscard]] std::string charge_id_of(const gateway_answer& answer);
 
-/// The old name of charge_id_of(): it returns the charge id, not a class.
-[[deprecated("use charge_id_of()")]] inline std::string classify(const gateway_answer& answer) {
-  return charge_id_of(answer);
-}
-
 }  // namespace orpheus::payment
