@@ -30,7 +30,7 @@ int main() {
   orpheus::sqlite_store store({.path = "wrap_example.db"});
   store.migrate();
   orpheus::manager manager(store);
-  orpheus::beast::work_pool pool(4, 64);
+  orpheus::work_pool pool(4, 64);
   orpheus::beast::middleware_options options;
   options.scope = [](const http_request& r) {
     return std::optional<std::string>(r["X-Client-Id"]);

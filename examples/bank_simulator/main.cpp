@@ -11,7 +11,7 @@
 #include "../common/flags.hpp"
 #include "../common/stop_signals.hpp"
 #include "orpheus/beast/server.hpp"
-#include "orpheus/beast/work_pool.hpp"
+#include "orpheus/work_pool.hpp"
 
 namespace {
 
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
 
   const examples::stop_signals stop;  // before any thread starts
 
-  orpheus::beast::work_pool pool(8, 1024);  // latency must not block the io thread
+  orpheus::work_pool pool(8, 1024);  // latency must not block the io thread
   orpheus::beast::server_options options;
   options.port = static_cast<unsigned short>(port);
   orpheus::beast::server s(options, [&](http_request&& req, orpheus::beast::responder respond) {

@@ -124,8 +124,7 @@ int main(int argc, char** argv) {
     }
 
     metrics stats;
-    orpheus::beast::work_pool pool(static_cast<std::size_t>(workers),
-                                   static_cast<std::size_t>(queue));
+    orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::beast::middleware_options mw_options;
     mw_options.scope = [](const http_request& req) -> std::optional<std::string> {
       const auto id = req["X-Client-Id"];  // stands in for real authentication
@@ -139,7 +138,7 @@ int main(int argc, char** argv) {
     // Declared after the middleware, so destroyed before it on any way out
     // (an exception too): no job outlives what it uses.
     const struct pool_drainer {
-      orpheus::beast::work_pool& pool;
+      orpheus::work_pool& pool;
       ~pool_drainer() { pool.drain(); }
     } pool_drained{pool};
 

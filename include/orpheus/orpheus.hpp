@@ -9,11 +9,13 @@
 //   auto r = manager.process(id, pre, rpc, post);   // see manager.hpp
 //
 // What it brings: errors and their retry classes (error.hpp), request
-// identity, recorded responses and attempts (request.hpp), the transaction
-// handle of the Pre-RPC and Post-RPC phases (tx.hpp), the records and the
-// store interface (store.hpp), key-to-shard mapping (shard_map.hpp), the log
-// sink (log.hpp) and the manager (manager.hpp). It links with orpheus::core
-// alone: it includes no database and no Beast header.
+// identity, recorded responses and attempts (request.hpp), keys and
+// fingerprints from a request given as plain strings (identify.hpp), the
+// transaction handle of the Pre-RPC and Post-RPC phases (tx.hpp), the records
+// and the store interface (store.hpp), key-to-shard mapping (shard_map.hpp),
+// a bounded thread pool for the blocking phases (work_pool.hpp), the log sink
+// (log.hpp) and the manager (manager.hpp). It links with orpheus::core alone:
+// it includes no database and no Beast header.
 //
 // What it leaves out, because each needs its own library (CMake target):
 //   orpheus/store/sqlite.hpp     orpheus::sqlite   the SQLite backend
@@ -26,9 +28,11 @@
 #pragma once
 
 #include "orpheus/error.hpp"
+#include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
 #include "orpheus/manager.hpp"
 #include "orpheus/request.hpp"
 #include "orpheus/shard_map.hpp"
 #include "orpheus/store.hpp"
 #include "orpheus/tx.hpp"
+#include "orpheus/work_pool.hpp"

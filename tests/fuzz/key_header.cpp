@@ -116,7 +116,7 @@ std::optional<std::string> meaning(std::string_view v) {
 orpheus::beast::middleware& the_middleware() {
   static auto* store = new orpheus::store(std::make_unique<no_backend>());
   static auto* manager = new orpheus::manager(*store);
-  static auto* pool = new orpheus::beast::work_pool(1, 1);
+  static auto* pool = new orpheus::work_pool(1, 1);
   static auto* mw = [] {
     orpheus::beast::middleware_options o;
     o.scope = [](const orpheus::beast::http_request& r) -> std::optional<std::string> {

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -320,6 +321,17 @@ TEST(Client, StopsAtTheOverallDeadline) {
   EXPECT_EQ(r.response->result_int(), 503U);
 }
 
+TEST(Client, ARetryBudgetWithImpossibleFiguresIsRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW((retry_budget{0}), config_error);
+  EXPECT_THROW((retry_budget{-1}), config_error);
+  EXPECT_THROW((retry_budget{nan}), config_error);
+  EXPECT_THROW((retry_budget{10, -1}), config_error);
+  EXPECT_THROW((retry_budget{10, 5, nan}), config_error);
+  EXPECT_THROW((retry_budget{10, 5, 10, -1}), config_error);
+  EXPECT_NO_THROW((retry_budget{10, 0, 0, 0}));
+}
+
 TEST(Client, ALongOutageDrainsTheSharedRetryBudget) {
   scripted_server s({}, {503});
   fake_time t;
@@ -558,7 +570,7 @@ TEST(ClientDefaults, ALostFirstAnswerEndsWithOneChargeAndTheRecordedAnswer) {
   c.lease /= scale;
   c.rpc_timeout /= scale;
   manager m(*store, c);
-  beast::work_pool pool(2, 16);
+  orpheus::work_pool pool(2, 16);
   beast::middleware_options mo;
   mo.scope = [](const http_request&) -> std::optional<std::string> { return "shop"; };
   beast::middleware mw(m, pool, mo);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "orpheus/beast/client.hpp"
+#include "orpheus/error.hpp"
 
 namespace orpheus::beast {
 namespace {
@@ -456,7 +457,7 @@ TEST(HttpClient, SendOnItsOwnIoThreadIsALogicError) {
 TEST(HttpClient, RefusesAZeroConnectionLimit) {
   http_client_options o;
   o.max_connections_per_endpoint = 0;
-  EXPECT_THROW(http_client{o}, std::invalid_argument);
+  EXPECT_THROW(http_client{o}, config_error);
 }
 
 }  // namespace

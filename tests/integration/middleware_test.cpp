@@ -617,23 +617,5 @@ TEST(Server, MalformedRequestsGetAFixedText) {
   EXPECT_NE(answer.find("malformed request"), std::string::npos) << answer;
 }
 
-// work_pool::submit_after: delayed jobs run on the pool, and drain() runs
-// the ones still waiting instead of dropping them.
-TEST(WorkPool, DelayedJobsRunAndDrainRunsTheRest) {
-  work_pool pool(1, 4);
-  std::promise<void> ran;
-  ASSERT_TRUE(pool.submit_after(
-      std::chrono::milliseconds(10), [&] { ran.set_value(); }, [] {}));
-  EXPECT_EQ(ran.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
-  std::atomic<int> late{0};
-  ASSERT_TRUE(pool.submit_after(
-      std::chrono::hours(1), [&] { ++late; }, [] {}));
-  pool.drain();
-  EXPECT_EQ(late, 1);
-  EXPECT_FALSE(pool.try_submit([] {}));
-  EXPECT_FALSE(pool.submit_after(
-      std::chrono::milliseconds(1), [] {}, [] {}));
-}
-
 }  // namespace
 }  // namespace orpheus::beast

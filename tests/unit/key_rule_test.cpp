@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "orpheus/beast/middleware.hpp"
-#include "orpheus/beast/work_pool.hpp"
 #include "orpheus/client/client.hpp"
 #include "orpheus/detail/hex.hpp"
 #include "orpheus/manager.hpp"
 #include "orpheus/request.hpp"
 #include "orpheus/store/sqlite.hpp"
+#include "orpheus/work_pool.hpp"
 
 namespace orpheus {
 namespace {
@@ -102,7 +102,7 @@ class key_rule : public testing::Test {
   std::filesystem::path dir_;
   std::unique_ptr<store> store_;
   std::unique_ptr<manager> manager_;
-  beast::work_pool pool_{1, 1};
+  orpheus::work_pool pool_{1, 1};
   std::unique_ptr<beast::middleware> middleware_;
 };
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "orpheus/beast/detail/resolve.hpp"
+#include "orpheus/error.hpp"
 
 namespace orpheus::beast {
 
@@ -356,7 +357,7 @@ void http_client::impl::shutdown() {
 
 http_client::http_client(http_client_options options) : impl_(std::make_unique<impl>(options)) {
   if (options.max_connections_per_endpoint == 0)
-    throw std::invalid_argument("http_client_options: max_connections_per_endpoint is 0");
+    throw config_error("http_client_options: max_connections_per_endpoint is 0");
   impl_->thread = std::thread([i = impl_.get()] { i->ioc.run(); });
 }
 

@@ -104,8 +104,10 @@ retry_budget::retry_budget(double capacity, double retry_cost, double timeout_co
       retry_cost_(retry_cost),
       timeout_cost_(timeout_cost),
       refund_(refund) {
-  if (capacity <= 0 || retry_cost < 0 || timeout_cost < 0 || refund < 0) {
-    throw std::invalid_argument("retry_budget: bad figures");
+  // Written as !(x >= 0) so that NaN is refused too.
+  if (!(capacity > 0) || !(retry_cost >= 0) || !(timeout_cost >= 0) || !(refund >= 0)) {
+    throw config_error(
+        "retry_budget: capacity must be positive and the costs and refund not negative");
   }
 }
 

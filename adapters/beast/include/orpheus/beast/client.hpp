@@ -134,7 +134,7 @@ struct http_result {
 /// A kept-alive HTTP/1.1 client; see the file comment.
 class http_client {
  public:
-  /// Starts the io thread. Throws std::invalid_argument when
+  /// Starts the io thread. Throws config_error when
   /// max_connections_per_endpoint is 0.
   explicit http_client(http_client_options options = {});
   http_client(const http_client&) = delete;

@@ -56,8 +56,8 @@
 #include <vector>
 
 #include "orpheus/beast/server.hpp"
-#include "orpheus/beast/work_pool.hpp"
 #include "orpheus/manager.hpp"
+#include "orpheus/work_pool.hpp"
 
 namespace orpheus::beast {
 

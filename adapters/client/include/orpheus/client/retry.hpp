@@ -107,6 +107,8 @@ void validate(const retry_policy& p);
 /// `timeout_cost`), a success returns `refund`, up to `capacity`.
 class retry_budget {
  public:
+  /// Throws config_error when capacity is not positive or a cost or the
+  /// refund is negative (NaN included).
   explicit retry_budget(double capacity = 500, double retry_cost = 5, double timeout_cost = 10,
                         double refund = 1);
   /// Takes the cost of one retry of `kind`; false (nothing taken) when the

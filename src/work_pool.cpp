@@ -1,12 +1,12 @@
-#include "orpheus/beast/work_pool.hpp"
+#include "orpheus/work_pool.hpp"
 
-#include <stdexcept>
+#include "orpheus/error.hpp"
 
-namespace orpheus::beast {
+namespace orpheus {
 
 work_pool::work_pool(std::size_t threads, std::size_t max_queue) : max_queue_(max_queue) {
   if (threads == 0 || max_queue == 0) {
-    throw std::invalid_argument("work_pool: threads and max_queue must be positive");
+    throw config_error("work_pool: threads and max_queue must be positive");
   }
   threads_.reserve(threads);
   for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
@@ -112,4 +112,4 @@ void work_pool::work() {
   }
 }
 
-}  // namespace orpheus::beast
+}  // namespace orpheus

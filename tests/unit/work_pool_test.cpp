@@ -1,0 +1,93 @@
+// orpheus::work_pool is part of the core: this file includes no Beast or
+// Asio header (the core's header check compiles work_pool.hpp against
+// orpheus::core alone).
+#include "orpheus/work_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <latch>
+
+#include "orpheus/error.hpp"
+
+namespace orpheus {
+namespace {
+
+TEST(WorkPool, RefusesZeroThreadsOrQueueWithAConfigError) {
+  EXPECT_THROW(work_pool(0, 4), config_error);
+  EXPECT_THROW(work_pool(1, 0), config_error);
+  try {
+    work_pool pool(0, 0);
+    ADD_FAILURE() << "no exception";
+  } catch (const config_error& e) {
+    EXPECT_FALSE(e.info().retryable);
+    EXPECT_EQ(e.info().code, codes::invalid_config);
+  }
+}
+
+// The queue bound refuses at once instead of growing: with the only thread
+// busy and one job queued, a second one is refused and dropped.
+TEST(WorkPool, AFullQueueRefusesAtOnce) {
+  work_pool pool(1, 1);
+  std::latch started(1);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  ASSERT_TRUE(pool.try_submit([&] {
+    started.count_down();
+    released.wait();
+  }));
+  started.wait();
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(pool.try_submit([&] { ++ran; }));
+  EXPECT_EQ(pool.queued(), 1U);
+  EXPECT_FALSE(pool.try_submit([&] { ran += 100; }));
+  release.set_value();
+  pool.drain();
+  EXPECT_EQ(ran, 1);
+}
+
+// A delayed job whose time comes while the queue is full is refused through
+// its `refused` callback, not queued past the bound and not dropped silently.
+TEST(WorkPool, ADelayedJobMeetingAFullQueueIsRefused) {
+  work_pool pool(1, 1);
+  std::latch started(1);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  ASSERT_TRUE(pool.try_submit([&] {
+    started.count_down();
+    released.wait();
+  }));
+  started.wait();
+  ASSERT_TRUE(pool.try_submit([] {}));  // the queue is now full
+  std::atomic<int> ran{0};
+  std::promise<void> refused;
+  ASSERT_TRUE(pool.submit_after(
+      std::chrono::milliseconds(1), [&] { ++ran; }, [&] { refused.set_value(); }));
+  EXPECT_EQ(refused.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  release.set_value();
+  pool.drain();
+  EXPECT_EQ(ran, 0);
+}
+
+// submit_after: delayed jobs run on the pool, and drain() runs the ones
+// still waiting instead of dropping them.
+TEST(WorkPool, DelayedJobsRunAndDrainRunsTheRest) {
+  work_pool pool(1, 4);
+  std::promise<void> ran;
+  ASSERT_TRUE(pool.submit_after(
+      std::chrono::milliseconds(10), [&] { ran.set_value(); }, [] {}));
+  EXPECT_EQ(ran.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  std::atomic<int> late{0};
+  ASSERT_TRUE(pool.submit_after(
+      std::chrono::hours(1), [&] { ++late; }, [] {}));
+  pool.drain();
+  EXPECT_EQ(late, 1);
+  EXPECT_FALSE(pool.try_submit([] {}));
+  EXPECT_FALSE(pool.submit_after(
+      std::chrono::milliseconds(1), [] {}, [] {}));
+}
+
+}  // namespace
+}  // namespace orpheus
