@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <boost/beast/http.hpp>
+#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "orpheus/identify.hpp"
@@ -39,6 +40,32 @@ response record_of(const http_response& res) {
   }
   r.body = res.body();
   return r;
+}
+
+std::optional<error_info> retry_later_error(const http_response& res) {
+  const unsigned status = res.result_int();
+  if (!retry_later_status(status)) return std::nullopt;
+  std::chrono::milliseconds retry_after{1000};
+  if (auto it = res.find(http::field::retry_after); it != res.end()) {
+    // Delta-seconds only (an HTTP date is left to the default), at most a day.
+    const std::string_view v = sv(it->value());
+    unsigned seconds = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), seconds);
+    if (ec == std::errc() && end == v.data() + v.size() && seconds <= 86400)
+      retry_after = std::chrono::seconds(seconds);
+  }
+  const bool throttled = status == 429;
+  std::string internal = "the handler answered " + std::to_string(status) + ": " +
+                         res.body().substr(0, std::min<std::size_t>(res.body().size(), 200));
+  return error_info{static_cast<int>(status),
+                    throttled ? "downstream_throttled" : "downstream_failed",
+                    throttled ? "downstream asked to slow down; retry with the same key"
+                              : "the request failed downstream and was not recorded; retry "
+                                "with the same key",
+                    true,
+                    !throttled,
+                    retry_after,
+                    std::move(internal)};
 }
 
 middleware::middleware(manager& m, work_pool& pool, middleware_options options)

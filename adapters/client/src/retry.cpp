@@ -9,6 +9,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "orpheus/beast/server.hpp"
 #include "orpheus/detail/hex.hpp"
 #include "orpheus/error.hpp"
 #include "orpheus/request.hpp"
@@ -46,9 +47,8 @@ std::string entity_key(std::string_view entity, std::string_view id, std::string
 
 error_kind kind_of_status(unsigned status) noexcept {
   if (status == 409) return error_kind::conflict;
-  if (status == 429) return error_kind::throttled;
-  if (status >= 500 && status != 501) return error_kind::server;
-  return error_kind::none;
+  if (!beast::retry_later_status(status)) return error_kind::none;
+  return status == 429 ? error_kind::throttled : error_kind::server;
 }
 
 std::optional<std::chrono::milliseconds> parse_retry_after(

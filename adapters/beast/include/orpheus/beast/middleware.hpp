@@ -84,6 +84,17 @@ struct middleware_options {
 /// for handlers that already produce Beast responses.
 [[nodiscard]] response record_of(const http_response& res);
 
+/// What the one-lambda handle() makes of an answer with a "try again" status
+/// (retry_later_status()), instead of recording it: a retryable error with
+/// the same status (code `downstream_throttled` for 429, `downstream_failed`
+/// for a 5xx) and the answer's Retry-After when it gives seconds. A 5xx is
+/// in doubt: the handler passes on a failure downstream (a timeout, a 502)
+/// that may hide a call still running there, so the key is held until the
+/// attempt's deadline and the retry runs with is_retry(), as for the payment
+/// wrapper's unknown outcomes. A 429 says downstream did not act: the key
+/// is released at once. nullopt for any other status: it is recorded.
+[[nodiscard]] std::optional<error_info> retry_later_error(const http_response& res);
+
 class middleware {
  public:
   /// Throws config_error when options.scope is empty or key_header is empty.
@@ -102,10 +113,11 @@ class middleware {
   /// The one-lambda form, for a handler that calls downstream and answers:
   /// `answer(const attempt&, const http_request&) -> http_response`. It runs
   /// as the RPC phase (no database, outside any transaction, once per
-  /// attempt, with attempt::downstream_key() for the service it calls), and
-  /// whatever it answers is recorded and replayed, 5xx included. To leave
-  /// the key retryable instead, throw retryable_error; non_retryable_error
-  /// records a problem+json answer.
+  /// attempt, with attempt::downstream_key() for the service it calls).
+  /// Its answer is recorded and replayed, unless it is a "try again" status
+  /// (retry_later_status(): 429, 5xx except 501), which is never recorded:
+  /// see retry_later_error(). Throwing retryable_error leaves the key
+  /// retryable too; non_retryable_error records a problem+json answer.
   template <class Handler>
   requires std::is_invocable_r_v<http_response, Handler&, const attempt&, const http_request&>
   void handle(http_request&& req, const responder& respond, Handler answer);
@@ -190,7 +202,11 @@ void middleware::handle(http_request&& req, const responder& respond, Handler an
                                               const process_options& o) mutable {
     return manager_.try_process(
         id, [](tx&) { return nlohmann::json::object(); },
-        [&](const attempt& a, const nlohmann::json&) { return record_of(answer(a, r)); },
+        [&](const attempt& a, const nlohmann::json&) {
+          const http_response res = answer(a, r);
+          if (auto later = retry_later_error(res)) throw error(std::move(*later));
+          return record_of(res);
+        },
         [](tx&, const attempt&, const response& recorded) { return recorded; }, o);
   };
   start(std::move(p));

@@ -73,6 +73,13 @@ struct server_options {
 /// bank simulator's fault injection).
 http_response drop_connection();
 
+/// The statuses that mean "not now, try again": 429 and every 5xx except 501.
+/// One rule for both ends: orpheus::client retries exactly these, and the
+/// middleware's one-lambda handle() does not record them.
+[[nodiscard]] constexpr bool retry_later_status(unsigned status) noexcept {
+  return status == 429 || (status >= 500 && status != 501);
+}
+
 /// A response with a body and a Content-Type.
 http_response make_response(unsigned status, std::string body,
                             const std::string& content_type = "text/plain");
