@@ -46,14 +46,12 @@ gateway_answer bank_gateway::call(http_request req, std::chrono::milliseconds ti
     // The detail reaches the client's answer: a fixed text, never what()
     // with the bank's host and port (issue 7, defect 13). what() is logged.
     orpheus::log(orpheus::log_level::warning, std::string("payments_server: bank: ") + e.what());
-    switch (e.error_kind()) {
-      case orpheus::beast::transport_error::kind::connect:
-        return {gateway_status::connect_failed, "", "no connection to the bank"};
-      case orpheus::beast::transport_error::kind::timeout:
-        return {gateway_status::timeout, "", "the bank did not answer in time"};
-      case orpheus::beast::transport_error::kind::closed:
-        return {gateway_status::reset, "", "the connection to the bank broke"};
-    }
+    using orpheus::transport_failure;
+    const transport_failure f = e.error_kind();
+    return {orpheus::payment::status_of_transport(f), "",
+            f == transport_failure::connect   ? "no connection to the bank"
+            : f == transport_failure::timeout ? "the bank did not answer in time"
+                                              : "the connection to the bank broke"};
   }
   const unsigned status = res.result_int();
   const auto body = nlohmann::json::parse(res.body(), nullptr, false);

@@ -13,7 +13,8 @@
 // fingerprints from a request given as plain strings (identify.hpp), the
 // transaction handle of the Pre-RPC and Post-RPC phases (tx.hpp), the records
 // and the store interface (store.hpp), key-to-shard mapping (shard_map.hpp),
-// a bounded thread pool for the blocking phases (work_pool.hpp), the log sink
+// how a downstream call can fail without an answer (transport.hpp), a
+// bounded thread pool for the blocking phases (work_pool.hpp), the log sink
 // (log.hpp) and the manager (manager.hpp). It links with orpheus::core alone:
 // it includes no database and no Beast header.
 //
@@ -34,5 +35,6 @@
 #include "orpheus/request.hpp"
 #include "orpheus/shard_map.hpp"
 #include "orpheus/store.hpp"
+#include "orpheus/transport.hpp"
 #include "orpheus/tx.hpp"
 #include "orpheus/work_pool.hpp"

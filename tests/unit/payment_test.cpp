@@ -4,7 +4,9 @@
 
 #include <vector>
 
+#include "orpheus/client/retry.hpp"
 #include "orpheus/payment/charge.hpp"
+#include "orpheus/transport.hpp"
 
 namespace orpheus::payment {
 namespace {
@@ -218,6 +220,22 @@ TEST(Payment, HttpStatusesMapToGatewayStatuses) {
                                                 {504, gateway_status::timeout}}) {
     EXPECT_EQ(status_of_http(x.http), x.status) << x.http;
   }
+}
+
+// One transport vocabulary (issue 10, item 3): only a call that sent nothing
+// is a plain retry; a timeout or a broken connection is an unknown outcome.
+TEST(Gateway, TransportFailuresMapToConnectFailedOrAnUnknownOutcome) {
+  EXPECT_EQ(status_of_transport(transport_failure::connect), gateway_status::connect_failed);
+  EXPECT_EQ(status_of_transport(transport_failure::timeout), gateway_status::timeout);
+  EXPECT_EQ(status_of_transport(transport_failure::closed), gateway_status::reset);
+  for (auto f :
+       {transport_failure::connect, transport_failure::timeout, transport_failure::closed}) {
+    EXPECT_EQ(may_have_arrived(f), f != transport_failure::connect) << to_string(f);
+    // The client retries all three, with the same key.
+    EXPECT_TRUE(client::retryable(client::kind_of_transport(f))) << to_string(f);
+  }
+  EXPECT_EQ(client::kind_of_transport(transport_failure::timeout), client::error_kind::timeout);
+  EXPECT_EQ(client::kind_of_transport(transport_failure::closed), client::error_kind::network);
 }
 
 }  // namespace

@@ -78,9 +78,7 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     result_.replayed = (*res)["Idempotent-Replayed"] == "true";
     result_.response = std::move(res);
   } else {
-    info.kind = failure && failure->error_kind() == beast::transport_error::kind::timeout
-                    ? error_kind::timeout
-                    : error_kind::network;
+    info.kind = kind_of_transport(failure ? failure->error_kind() : transport_failure::closed);
     info.error = failure ? failure->what() : "no answer";
   }
   result_.last_error = info.kind;

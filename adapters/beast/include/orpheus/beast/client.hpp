@@ -76,6 +76,7 @@
 #include <string_view>
 
 #include "orpheus/beast/server.hpp"
+#include "orpheus/transport.hpp"
 
 namespace orpheus::beast {
 
@@ -89,14 +90,13 @@ struct http_endpoint {
 http_endpoint parse_http_url(std::string_view url);
 
 /// A call that ended without a complete answer. error_kind() says whether the
-/// request may have reached the server (see the file comment).
+/// request may have reached the server (see the file comment), in the core's
+/// words (orpheus/transport.hpp), which the client helper and the payment
+/// wrapper share: connect (nothing was sent: no connection, or the client
+/// shut down), timeout and closed (both in doubt).
 class transport_error : public std::runtime_error {
  public:
-  enum class kind {
-    connect,  ///< nothing was sent (no connection, or the client shut down)
-    timeout,  ///< no complete answer before the deadline: in doubt
-    closed,   ///< the connection broke or closed before a complete answer: in doubt
-  };
+  using kind = orpheus::transport_failure;
   transport_error(kind k, const std::string& what) : std::runtime_error(what), kind_(k) {}
   [[nodiscard]] kind error_kind() const noexcept { return kind_; }
 

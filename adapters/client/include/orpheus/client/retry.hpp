@@ -33,6 +33,8 @@
 #include <string>
 #include <string_view>
 
+#include "orpheus/transport.hpp"
+
 namespace orpheus::client {
 
 /// A new idempotency key: a UUIDv4 from a cryptographic random source.
@@ -58,6 +60,12 @@ enum class error_kind {
 
 /// The kind of an HTTP status: conflict, throttled, server, or none (final).
 [[nodiscard]] error_kind kind_of_status(unsigned status) noexcept;
+
+/// The kind of a call that got no answer: timeout, or network (connect,
+/// closed). Both are retried, with the same key.
+[[nodiscard]] constexpr error_kind kind_of_transport(transport_failure f) noexcept {
+  return f == transport_failure::timeout ? error_kind::timeout : error_kind::network;
+}
 
 /// True for the kinds a client retries.
 [[nodiscard]] constexpr bool retryable(error_kind k) noexcept { return k != error_kind::none; }

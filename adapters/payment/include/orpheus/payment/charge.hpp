@@ -45,6 +45,7 @@
 #include <string_view>
 
 #include "orpheus/request.hpp"
+#include "orpheus/transport.hpp"
 
 namespace orpheus::payment {
 
@@ -76,6 +77,21 @@ enum class gateway_status {
 /// Never map 409 or 429 to `invalid`: that records a charge that may exist as
 /// a final failure (issue 7, defect 5).
 [[nodiscard]] gateway_status status_of_http(unsigned http_status) noexcept;
+
+/// The gateway_status of a call that got no answer (orpheus/transport.hpp):
+/// connect -> connect_failed (nothing was sent: a plain retry), timeout ->
+/// timeout, closed -> reset (both unknown outcomes).
+[[nodiscard]] constexpr gateway_status status_of_transport(transport_failure f) noexcept {
+  switch (f) {
+    case transport_failure::connect:
+      return gateway_status::connect_failed;
+    case transport_failure::timeout:
+      return gateway_status::timeout;
+    case transport_failure::closed:
+      break;
+  }
+  return gateway_status::reset;
+}
 
 struct gateway_answer {
   gateway_status status = gateway_status::server_error;
