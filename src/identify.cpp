@@ -76,8 +76,8 @@ std::string canonical_body(std::string_view content_type, std::string_view body,
   return "raw:" + std::string(body);
 }
 
-error_info bad_request(std::string code, std::string message) {
-  return error_info{400, std::move(code), std::move(message), false, false, std::nullopt};
+error_info bad_request(std::string_view code, std::string message) {
+  return error_info::of(error_class::invalid_input, code, std::move(message));
 }
 
 }  // namespace
@@ -135,13 +135,12 @@ std::variant<identity, error_info> identify(
     // accepts.
     std::optional<std::string> key = key_of_header_value(*key_header_value);
     if (!key) {
-      return bad_request(std::string(codes::invalid_key),
-                         header + " is not a valid token or quoted string");
+      return bad_request(codes::invalid_key, header + " is not a valid token or quoted string");
     }
     who.id.key = std::move(*key);
     who.key_sent = true;
   } else if (options.key_required) {
-    return bad_request("missing_key", "this request needs an " + header + " header");
+    return bad_request(codes::missing_key, "this request needs an " + header + " header");
   } else {
     // No key where none is required: no deduplication, as with any API. The
     // request runs once under a key of its own. 128 random bits per made-up
@@ -153,12 +152,14 @@ std::variant<identity, error_info> identify(
   // thread).
   if (is_json_content_type(r.content_type) &&
       json_nested_deeper_than(r.body, options.max_json_depth)) {
-    return bad_request("invalid_request", "the JSON body is nested deeper than " +
-                                              std::to_string(options.max_json_depth) + " levels");
+    return bad_request(codes::invalid_request, "the JSON body is nested deeper than " +
+                                                   std::to_string(options.max_json_depth) +
+                                                   " levels");
   }
   std::optional<std::string> caller = scope ? scope() : std::nullopt;
   if (!caller) {
-    return error_info{401, "unauthenticated", "no caller identity", false, false, std::nullopt};
+    return error_info::of(error_class::invalid_input, codes::unauthenticated, "no caller identity")
+        .with_status(401);
   }
   who.id.scope = std::move(*caller);
   who.id.fingerprint = fingerprint_of(canonical_request(r, options.max_json_depth));

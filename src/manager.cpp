@@ -27,19 +27,17 @@ lease_terms terms_of(const config& c) {
 }
 
 [[noreturn]] void throw_mismatch() {
-  throw error(error_info{422, std::string(codes::fingerprint_mismatch),
-                         "this idempotency key was used with another request "
-                         "payload",
-                         false, false, std::nullopt});
+  throw error(error_info::of(error_class::invalid_input, codes::fingerprint_mismatch,
+                             "this idempotency key was used with another request payload")
+                  .with_status(422));
 }
 
 [[noreturn]] void throw_in_progress(std::int64_t remaining_us) {
   // Round up, so a client that honours Retry-After never comes back early.
   const auto ms = std::max<std::int64_t>(1, (remaining_us + 999) / 1000);
-  throw error(error_info{409, std::string(codes::in_progress),
-                         "another request with this idempotency key is in "
-                         "progress",
-                         true, false, std::chrono::milliseconds(ms)});
+  throw error(error_info::of(error_class::conflict, codes::in_progress,
+                             "another request with this idempotency key is in progress")
+                  .with_retry_after(std::chrono::milliseconds(ms)));
 }
 
 response replay_of(const record& r) {
@@ -231,14 +229,10 @@ class app_tx final : public tx {
 
 /// Why the stored Pre-RPC result could not be handed to this attempt.
 error_info unreadable_pre_state(std::string_view why) {
-  return error_info{503,
-                    std::string(codes::pre_state_unreadable),
-                    "the stored request state cannot be read by this server version; "
-                    "retry later",
-                    true,
-                    false,
-                    std::chrono::milliseconds(1000),
-                    std::string(why)};
+  return error_info::of(error_class::unavailable, codes::pre_state_unreadable,
+                        "the stored request state cannot be read by this server version; "
+                        "retry later")
+      .with_internal(std::string(why));
 }
 
 std::string reason_of(const error_info& e) {
@@ -350,14 +344,11 @@ response manager::run(const request_id& id, const detail::phases& p,
         const bool no_attempts = locked->attempts >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
         if (no_attempts || no_window) {
-          const error_info why{
-              500,
-              std::string(no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted),
+          const error_info why = error_info::of(
+              error_class::internal,
+              no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
               "the request did not complete within its retry budget; its "
-              "outcome downstream may need manual reconciliation",
-              false,
-              false,
-              std::nullopt};
+              "outcome downstream may need manual reconciliation");
           response r = problem_response(why);
           t->take_lease(id, owner, locked->attempts, terms);
           t->finish(id, owner, record_state::failed, r, why.message, terms);
@@ -405,10 +396,9 @@ response manager::run(const request_id& id, const detail::phases& p,
       // Transaction 1 took the whole RPC budget (a stalled database): an RPC
       // started now could outlive the lease and overlap a take-over.
       release_quietly(store_, id, owner, "the RPC deadline passed before the RPC started");
-      throw error(error_info{503, std::string(codes::deadline_exceeded),
-                             "the request ran out of time before calling downstream; retry "
-                             "with the same key",
-                             true, false, std::chrono::milliseconds(1000)});
+      throw error(error_info::of(error_class::unavailable, codes::deadline_exceeded,
+                                 "the request ran out of time before calling downstream; "
+                                 "retry with the same key"));
     }
     const std::optional<error_info> failure = p.rpc(a);
 
@@ -434,9 +424,10 @@ response manager::run(const request_id& id, const detail::phases& p,
         if (!in_doubt) release_quietly(store_, id, owner, reason_of(cause));
         log(log_level::error, "scope " + id.scope + " key " + id.key +
                                   ": Post-RPC failed after the RPC ran: " + reason_of(cause));
-        throw error(error_info{503, std::string(codes::post_rpc_failed),
-                               "recording the result failed; retry with the same key", true,
-                               in_doubt, std::chrono::milliseconds(1000), reason_of(cause)});
+        throw error(error_info::of(in_doubt ? error_class::in_doubt : error_class::unavailable,
+                                   codes::post_rpc_failed,
+                                   "recording the result failed; retry with the same key")
+                        .with_internal(reason_of(cause)));
       }
       bool fenced = false;
       if (!failure) {
@@ -474,9 +465,9 @@ response manager::run(const request_id& id, const detail::phases& p,
       // RPC ran, so the client must come back and let a retry finish it.
       log(log_level::error, "scope " + id.scope + " key " + id.key +
                                 ": recording the result failed after the RPC ran: " + e.what());
-      throw error(error_info{503, std::string(codes::post_rpc_failed),
-                             "recording the result failed; retry with the same key", true, false,
-                             std::chrono::milliseconds(1000), e.what()});
+      throw error(error_info::of(error_class::unavailable, codes::post_rpc_failed,
+                                 "recording the result failed; retry with the same key")
+                      .with_internal(e.what()));
     }
   }
   // Only a storm of inserts and purges on one key gets here.

@@ -90,7 +90,7 @@ void validate(const request_id& id) {
 std::string random_token(std::size_t bytes) {
   std::vector<unsigned char> b(bytes);
   if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
-    throw retryable_error("no_randomness", "no randomness for a token; retry later");
+    throw retryable_error(codes::no_randomness, "no randomness for a token; retry later");
   }
   return detail::lowercase_hex(b);
 }

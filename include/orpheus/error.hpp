@@ -26,28 +26,11 @@
 #include <string>
 #include <string_view>
 
+#include "orpheus/codes.hpp"
+
 namespace orpheus {
 
-/// Machine-readable error codes the library itself produces. Handlers may use
-/// their own codes too; these are the ones clients can rely on.
-namespace codes {
-inline constexpr std::string_view invalid_key = "invalid_key";
-inline constexpr std::string_view invalid_scope = "invalid_scope";
-inline constexpr std::string_view invalid_fingerprint = "invalid_fingerprint";
-inline constexpr std::string_view invalid_config = "invalid_config";
-inline constexpr std::string_view fingerprint_mismatch = "fingerprint_mismatch";
-inline constexpr std::string_view in_progress = "in_progress";
-inline constexpr std::string_view lease_lost = "lease_lost";
-inline constexpr std::string_view storage_unavailable = "storage_unavailable";
-inline constexpr std::string_view commit_in_doubt = "commit_in_doubt";
-inline constexpr std::string_view attempts_exhausted = "attempts_exhausted";
-inline constexpr std::string_view retry_window_exhausted = "retry_window_exhausted";
-inline constexpr std::string_view unclassified = "unclassified_error";
-inline constexpr std::string_view post_rpc_failed = "post_rpc_failed";
-inline constexpr std::string_view storage_error = "storage_error";
-inline constexpr std::string_view pre_state_unreadable = "pre_state_unreadable";
-inline constexpr std::string_view deadline_exceeded = "deadline_exceeded";
-}  // namespace codes
+// The codes the library emits, and their classes: orpheus/codes.hpp.
 
 /// The plain data of an error: what travels to the client and what is recorded.
 struct error_info {
@@ -64,6 +47,30 @@ struct error_info {
   /// what()): logged through orpheus::log and kept in the record's
   /// last_error, never sent to the client. `message` is what clients see.
   std::string internal{};
+
+  /// The way to make one. The class sets retryable and in_doubt (two flags
+  /// that compile when swapped, written by hand), the usual HTTP status
+  /// (invalid_input 400, conflict 409, unavailable and in_doubt 503,
+  /// rejected 422, internal 500) and, for the retryable classes, a one
+  /// second retry_after. The with_ calls change one field each:
+  ///
+  ///   throw error(error_info::of(error_class::in_doubt, codes::gateway_timeout,
+  ///                              "the gateway did not answer")
+  ///                   .with_status(504)
+  ///                   .with_internal(detail));
+  [[nodiscard]] static error_info of(error_class c, std::string_view code, std::string message);
+  [[nodiscard]] error_info with_status(int status) && {
+    http_status = status;
+    return std::move(*this);
+  }
+  [[nodiscard]] error_info with_retry_after(std::optional<std::chrono::milliseconds> after) && {
+    retry_after = after;
+    return std::move(*this);
+  }
+  [[nodiscard]] error_info with_internal(std::string detail) && {
+    internal = std::move(detail);
+    return std::move(*this);
+  }
 };
 
 /// Base of every error Orpheus throws or handlers throw to Orpheus.
@@ -92,10 +99,11 @@ class error : public std::runtime_error {
 /// downstream key. Default status 503.
 class retryable_error : public error {
  public:
-  retryable_error(std::string code, std::string message, int http_status = 503,
+  retryable_error(std::string_view code, std::string message, int http_status = 503,
                   std::optional<std::chrono::milliseconds> retry_after = {})
-      : error(error_info{http_status, std::move(code), std::move(message), true, false,
-                         retry_after}) {}
+      : error(error_info::of(error_class::unavailable, code, std::move(message))
+                  .with_status(http_status)
+                  .with_retry_after(retry_after)) {}
 };
 
 /// A failure that will not go away by retrying: bad input, a business refusal
@@ -103,9 +111,13 @@ class retryable_error : public error {
 /// for the key's lifetime. Default status 422.
 class non_retryable_error : public error {
  public:
-  non_retryable_error(std::string code, std::string message, int http_status = 422)
-      : error(error_info{http_status, std::move(code), std::move(message), false, false,
-                         std::nullopt}) {}
+  non_retryable_error(std::string_view code, std::string message, int http_status = 422)
+      : error(error_info::of(error_class::rejected, code, std::move(message))
+                  .with_status(http_status)) {}
+
+ protected:
+  /// For the subclasses below, whose class is not `rejected`.
+  explicit non_retryable_error(error_info info) : error(std::move(info)) {}
 };
 
 /// Bad input (key, scope, fingerprint): HTTP 400, never retryable, and
@@ -113,14 +125,15 @@ class non_retryable_error : public error {
 class bad_input_error : public non_retryable_error {
  public:
   bad_input_error(std::string_view code, std::string message)
-      : non_retryable_error(std::string(code), std::move(message), 400) {}
+      : non_retryable_error(error_info::of(error_class::invalid_input, code, std::move(message))) {}
 };
 
 /// A configuration the library refuses to run with. Thrown at start-up.
 class config_error : public non_retryable_error {
  public:
   explicit config_error(std::string message)
-      : non_retryable_error(std::string(codes::invalid_config), std::move(message), 500) {}
+      : non_retryable_error(
+            error_info::of(error_class::internal, codes::invalid_config, std::move(message))) {}
 };
 
 /// A storage failure, already classified by the backend (one file per backend
@@ -132,27 +145,37 @@ class storage_error : public error {
   /// A retryable failure; `in_doubt` when a COMMIT got no answer. `detail`
   /// (host, SQL, driver text) is internal: clients get a fixed message.
   static storage_error transient(std::string detail, bool in_doubt = false) {
-    return storage_error(error_info{
-        503, std::string(in_doubt ? codes::commit_in_doubt : codes::storage_unavailable),
-        in_doubt ? "the outcome of the last database commit is unknown; retry with the same key"
-                 : "the database is unavailable; retry later",
-        true, in_doubt, std::chrono::milliseconds(1000), std::move(detail)});
+    if (in_doubt) {
+      // NOLINTNEXTLINE(modernize-return-braced-init-list): the constructor is explicit
+      return storage_error(
+          error_info::of(error_class::in_doubt, codes::commit_in_doubt,
+                         "the outcome of the last database commit is unknown; retry with the "
+                         "same key")
+              .with_internal(std::move(detail)));
+    }
+    // NOLINTNEXTLINE(modernize-return-braced-init-list): the constructor is explicit
+    return storage_error(error_info::of(error_class::unavailable, codes::storage_unavailable,
+                                        "the database is unavailable; retry later")
+                             .with_internal(std::move(detail)));
   }
   /// A fenced write found that this attempt no longer holds its lease (it
   /// expired and another attempt took it over); nothing was committed. A
   /// backend that checks the fence inside its COMMIT reports it this way.
   static storage_error lease_lost(std::string detail) {
+    // NOLINTNEXTLINE(modernize-return-braced-init-list): the constructor is explicit
     return storage_error(
-        error_info{409, std::string(codes::lease_lost),
-                   "this attempt's lease expired and was taken over; its result was not recorded",
-                   true, false, std::chrono::milliseconds(1000), std::move(detail)});
+        error_info::of(error_class::conflict, codes::lease_lost,
+                       "this attempt's lease expired and was taken over; its result was not "
+                       "recorded")
+            .with_internal(std::move(detail)));
   }
   /// A failure that retrying will not fix (bad SQL, missing table). `detail`
   /// is internal, as for transient().
   static storage_error permanent(std::string detail) {
-    return storage_error(error_info{500, std::string(codes::storage_error),
-                                    "the database refused the request", false, false, std::nullopt,
-                                    std::move(detail)});
+    // NOLINTNEXTLINE(modernize-return-braced-init-list): the constructor is explicit
+    return storage_error(error_info::of(error_class::internal, codes::storage_error,
+                                        "the database refused the request")
+                             .with_internal(std::move(detail)));
   }
 };
 

@@ -17,6 +17,12 @@ namespace {
 // Beast 1.74 speaks boost::string_view.
 std::string_view sv(boost::beast::string_view v) { return {v.data(), v.size()}; }
 
+// The pool's queue is full: nothing was started.
+error_info overloaded() {
+  return error_info::of(error_class::unavailable, codes::overloaded,
+                        "too many requests queued; retry later");
+}
+
 // The request as the core's identify() and canonical_request() read it.
 request_text text_of(const http_request& req, const std::vector<std::string>& headers) {
   request_text t{sv(req.method_string()),
@@ -57,15 +63,19 @@ std::optional<error_info> retry_later_error(const http_response& res) {
   const bool throttled = status == 429;
   std::string internal = "the handler answered " + std::to_string(status) + ": " +
                          res.body().substr(0, std::min<std::size_t>(res.body().size(), 200));
-  return error_info{static_cast<int>(status),
-                    throttled ? "downstream_throttled" : "downstream_failed",
-                    throttled ? "downstream asked to slow down; retry with the same key"
-                              : "the request failed downstream and was not recorded; retry "
-                                "with the same key",
-                    true,
-                    !throttled,
-                    retry_after,
-                    std::move(internal)};
+  if (throttled) {
+    return error_info::of(error_class::unavailable, codes::downstream_throttled,
+                          "downstream asked to slow down; retry with the same key")
+        .with_status(static_cast<int>(status))
+        .with_retry_after(retry_after)
+        .with_internal(std::move(internal));
+  }
+  return error_info::of(error_class::in_doubt, codes::downstream_failed,
+                        "the request failed downstream and was not recorded; retry with the "
+                        "same key")
+      .with_status(static_cast<int>(status))
+      .with_retry_after(retry_after)
+      .with_internal(std::move(internal));
 }
 
 middleware::middleware(manager& m, work_pool& pool, middleware_options options)
@@ -204,10 +214,7 @@ bool middleware::wait_again(const std::shared_ptr<pending>& p,
   return pool_.submit_after(
       delay, [this, p] { try_once(p); },
       [this, p] {
-        finish(*p,
-               error_response(error_info{503, "overloaded", "too many requests queued; retry later",
-                                         true, false, std::chrono::milliseconds(1000)},
-                              p->key_sent ? p->id.key : std::string()));
+        finish(*p, error_response(overloaded(), p->key_sent ? p->id.key : std::string()));
       });
 }
 
@@ -239,9 +246,7 @@ std::string middleware::retention_seconds() const {
 
 void middleware::submit(std::function<void()> job, const responder& respond) {
   if (!pool_.try_submit(std::move(job))) {
-    respond(error_response(error_info{503, "overloaded", "too many requests queued; retry later",
-                                      true, false, std::chrono::milliseconds(1000)},
-                           {}));
+    respond(error_response(overloaded(), {}));
   }
 }
 

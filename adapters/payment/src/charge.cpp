@@ -12,21 +12,24 @@ namespace {
 //
 // The gateway's own words (`detail`) are internal: logged and recorded, never
 // sent to the client, whose message is fixed text (issue 7.13).
-[[noreturn]] void unknown_outcome(int status, std::string code, const std::string& detail) {
-  throw error(error_info{status, std::move(code),
-                         "the gateway's outcome is unknown; a retry asks it before charging again",
-                         true, true, std::chrono::milliseconds(1000), "gateway: " + detail});
+[[noreturn]] void unknown_outcome(int status, std::string_view code, const std::string& detail) {
+  throw error(error_info::of(error_class::in_doubt, code,
+                             "the gateway's outcome is unknown; a retry asks it before charging "
+                             "again")
+                  .with_status(status)
+                  .with_internal("gateway: " + detail));
 }
 
-[[noreturn]] void refused(int status, std::string code, std::string message,
+[[noreturn]] void refused(int status, std::string_view code, std::string message,
                           const std::string& detail) {
-  throw error(error_info{status, std::move(code), std::move(message), false, false, std::nullopt,
-                         "gateway: " + detail});
+  throw error(error_info::of(error_class::rejected, code, std::move(message))
+                  .with_status(status)
+                  .with_internal("gateway: " + detail));
 }
 
-[[noreturn]] void not_yet(std::string code, std::string message, const std::string& detail) {
-  throw error(error_info{503, std::move(code), std::move(message), true, false,
-                         std::chrono::milliseconds(1000), "gateway: " + detail});
+[[noreturn]] void not_yet(std::string_view code, std::string message, const std::string& detail) {
+  throw error(error_info::of(error_class::unavailable, code, std::move(message))
+                  .with_internal("gateway: " + detail));
 }
 
 std::chrono::milliseconds left(const attempt& a) {
@@ -65,28 +68,28 @@ std::string charge_id_of(const gateway_answer& answer) {
     case gateway_status::charged:
       return answer.charge_id;
     case gateway_status::declined:
-      refused(402, "card_declined", "the payment was declined", answer.detail);
+      refused(402, codes::card_declined, "the payment was declined", answer.detail);
     case gateway_status::invalid:
-      refused(422, "invalid_payment", "the gateway refused the payment", answer.detail);
+      refused(422, codes::invalid_payment, "the gateway refused the payment", answer.detail);
     case gateway_status::connect_failed:
-      not_yet("gateway_unreachable", "could not reach the gateway", answer.detail);
+      not_yet(codes::gateway_unreachable, "could not reach the gateway", answer.detail);
     case gateway_status::throttled:
       // A 429 is an answer to this request alone: the gateway did not act on
       // it. Retryable, not in doubt (issue 7, defect 5: it was invalid_payment).
-      not_yet("gateway_throttled", "the gateway asked to slow down", answer.detail);
+      not_yet(codes::gateway_throttled, "the gateway asked to slow down", answer.detail);
     case gateway_status::in_progress:
       // A 409: a charge with this key is still running at the gateway, so its
       // outcome is unknown (issue 7, defect 5: it was invalid_payment, a
       // final failure recorded over money that was being charged).
-      unknown_outcome(503, "gateway_in_progress", answer.detail);
+      unknown_outcome(503, codes::gateway_in_progress, answer.detail);
     case gateway_status::timeout:
-      unknown_outcome(504, "gateway_timeout", answer.detail);
+      unknown_outcome(504, codes::gateway_timeout, answer.detail);
     case gateway_status::not_found:  // a status answer where a charge answer was due
     case gateway_status::server_error:
     case gateway_status::reset:
       break;
   }
-  unknown_outcome(502, "gateway_error", answer.detail);
+  unknown_outcome(502, codes::gateway_error, answer.detail);
 }
 
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
@@ -99,9 +102,10 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
     // sent under this key: retryable, not in doubt. On a retry the earlier
     // charge is still unknown.
     if (!a.is_retry()) {
-      throw retryable_error("gateway_timeout", "no time left before the deadline to charge", 504);
+      throw retryable_error(codes::gateway_timeout, "no time left before the deadline to charge",
+                            504);
     }
-    unknown_outcome(504, "gateway_timeout", "no time left before the deadline to ask");
+    unknown_outcome(504, codes::gateway_timeout, "no time left before the deadline to ask");
   };
   if (a.is_retry()) {
     // An earlier attempt may have charged: ask before acting again. Only
@@ -117,7 +121,7 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
       case gateway_status::not_found:
         break;
       default:
-        unknown_outcome(502, "charge_status_unknown",
+        unknown_outcome(502, codes::charge_status_unknown,
                         "the status query did not settle the earlier charge: " + known.detail);
     }
   }
