@@ -8,9 +8,10 @@
 //   orpheus::manager manager(store);
 //   auto r = manager.process(id, pre, rpc, post);   // see manager.hpp
 //
-// What it brings: errors and their retry classes (error.hpp), request
-// identity, recorded responses and attempts (request.hpp), keys and
-// fingerprints from a request given as plain strings (identify.hpp), the
+// What it brings: errors and their retry classes (error.hpp, and every code
+// the library emits with its class in codes.hpp), request identity, recorded
+// responses and attempts (request.hpp), keys and fingerprints from a request
+// given as plain strings (identify.hpp), the
 // transaction handle of the Pre-RPC and Post-RPC phases (tx.hpp), the records
 // and the store interface (store.hpp), key-to-shard mapping (shard_map.hpp),
 // how a downstream call can fail without an answer (transport.hpp), a
@@ -28,6 +29,7 @@
 // orpheus/detail/* are internals that the headers above include as needed.
 #pragma once
 
+#include "orpheus/codes.hpp"
 #include "orpheus/error.hpp"
 #include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
