@@ -27,23 +27,34 @@ TEST(WorkPool, RefusesZeroThreadsOrQueueWithAConfigError) {
   }
 }
 
+// Keeps a pool of one thread busy until release().
+class busy_thread {
+ public:
+  explicit busy_thread(work_pool& pool) {
+    auto released = release_.get_future().share();
+    EXPECT_TRUE(pool.try_submit([this, released] {
+      started_.count_down();
+      released.wait();
+    }));
+    started_.wait();
+  }
+  void release() { release_.set_value(); }
+
+ private:
+  std::latch started_{1};  // a member: count_down() may still run when wait() returns
+  std::promise<void> release_;
+};
+
 // The queue bound refuses at once instead of growing: with the only thread
 // busy and one job queued, a second one is refused and dropped.
 TEST(WorkPool, AFullQueueRefusesAtOnce) {
   work_pool pool(1, 1);
-  std::latch started(1);
-  std::promise<void> release;
-  auto released = release.get_future().share();
-  ASSERT_TRUE(pool.try_submit([&] {
-    started.count_down();
-    released.wait();
-  }));
-  started.wait();
+  busy_thread busy(pool);
   std::atomic<int> ran{0};
   ASSERT_TRUE(pool.try_submit([&] { ++ran; }));
   EXPECT_EQ(pool.queued(), 1U);
   EXPECT_FALSE(pool.try_submit([&] { ran += 100; }));
-  release.set_value();
+  busy.release();
   pool.drain();
   EXPECT_EQ(ran, 1);
 }
@@ -52,21 +63,14 @@ TEST(WorkPool, AFullQueueRefusesAtOnce) {
 // its `refused` callback, not queued past the bound and not dropped silently.
 TEST(WorkPool, ADelayedJobMeetingAFullQueueIsRefused) {
   work_pool pool(1, 1);
-  std::latch started(1);
-  std::promise<void> release;
-  auto released = release.get_future().share();
-  ASSERT_TRUE(pool.try_submit([&] {
-    started.count_down();
-    released.wait();
-  }));
-  started.wait();
+  busy_thread busy(pool);
   ASSERT_TRUE(pool.try_submit([] {}));  // the queue is now full
   std::atomic<int> ran{0};
   std::promise<void> refused;
   ASSERT_TRUE(pool.submit_after(
       std::chrono::milliseconds(1), [&] { ++ran; }, [&] { refused.set_value(); }));
   EXPECT_EQ(refused.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
-  release.set_value();
+  busy.release();
   pool.drain();
   EXPECT_EQ(ran, 0);
 }
