@@ -303,11 +303,10 @@ response manager::run(const request_id& id, const detail::phases& p,
             p.load(detail::decode_pre_state(stored).value());
           } catch (const std::exception& e) {
             t->rollback();
-            error_info why = unreadable_pre_state(e.what());
-            why.http_status = 500;
-            why.retryable = false;
-            why.retry_after.reset();
-            why.message = "the Pre-RPC result does not read back as its own type";
+            const error_info why =
+                error_info::of(error_class::internal, codes::pre_state_unreadable,
+                               "the Pre-RPC result does not read back as its own type")
+                    .with_internal(e.what());
             log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(why));
             throw error(why);
           }
