@@ -446,7 +446,17 @@ response manager::run(const request_id& id, const detail::phases& p,
                                         std::to_string(a.number()) + " matched no lease");
       }
       t->commit();  // may throw lease_lost too: a backend that fences in its COMMIT
-      if (failure && failure->retryable) throw error(*failure);
+      if (failure && failure->retryable) {
+        error_info e = *failure;
+        if (e.in_doubt) {
+          // The key is held to the attempt's deadline (hold_until above): a
+          // client sent back sooner would only meet 409 and spend attempts.
+          const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+              a.deadline() - std::chrono::steady_clock::now());
+          if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
+        }
+        throw error(e);
+      }
       return r;
     } catch (const storage_error& e) {
       if (e.code() == codes::lease_lost) {

@@ -62,6 +62,10 @@ inline constexpr std::string_view no_randomness = "no_randomness";
 inline constexpr std::string_view overloaded = "overloaded";
 inline constexpr std::string_view downstream_throttled = "downstream_throttled";
 inline constexpr std::string_view downstream_failed = "downstream_failed";
+inline constexpr std::string_view downstream_in_progress = "downstream_in_progress";
+inline constexpr std::string_view downstream_unreachable = "downstream_unreachable";
+inline constexpr std::string_view downstream_timeout = "downstream_timeout";
+inline constexpr std::string_view downstream_closed = "downstream_closed";
 // The payment wrapper.
 inline constexpr std::string_view card_declined = "card_declined";
 inline constexpr std::string_view invalid_payment = "invalid_payment";

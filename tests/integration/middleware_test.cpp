@@ -238,6 +238,81 @@ TEST_F(Middleware, TheOneLambdaFormDoesNotRecordATryAgainAnswer) {
   EXPECT_EQ(retries, (std::vector<bool>{false, true}));
 }
 
+// Found in review (issue 10): (1) a downstream 409 "still processing this
+// key", met by the retry of an in-doubt attempt, was recorded as final while
+// the charge went on downstream; (2) a 5xx that says "retryable": false (a
+// recorded final failure downstream) was made retryable, the handler run
+// again up to max_attempts; (3) a transport_error escaping the handler was
+// an unclassified exception, recorded as a final 500 although the call may
+// have charged; (4) the Retry-After of an in-doubt answer (1 s) sent clients
+// back long before the key was free, to spend their attempts on 409s.
+TEST_F(Middleware, TheOneLambdaFormClassifiesDownstreamFailuresLikeTheClient) {
+  config c;
+  c.lease = std::chrono::milliseconds(10000);
+  c.rpc_timeout = std::chrono::milliseconds(5000);
+  m_ = std::make_unique<manager>(*store_, c);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  std::atomic<int> calls{0};
+  std::function<http_response()> next;
+  auto send = [&](const std::string& key) {
+    std::promise<http_response> answer;
+    mw.handle(
+        post(key, "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
+        [&](const attempt&, const http_request&) {
+          ++calls;
+          return next();
+        });
+    return answer.get_future().get();
+  };
+  auto problem = [](const http_response& r) { return nlohmann::json::parse(r.body()); };
+
+  next = [] { return make_response(409, "busy with this key"); };
+  const auto busy = send("k1");
+  EXPECT_EQ(busy.result_int(), 409U);
+  EXPECT_EQ(problem(busy)["code"], "downstream_in_progress");
+  EXPECT_EQ(problem(busy)["in_doubt"], true);
+  EXPECT_EQ(busy[http::field::retry_after], "5");         // the key is held about 5 s
+  EXPECT_EQ(problem(send("k1"))["code"], "in_progress");  // held, not recorded
+  EXPECT_EQ(calls, 1);
+
+  next = [] {
+    throw transport_error(transport_error::kind::timeout, "bank 10.0.0.7:443: timed out");
+    return http_response{};
+  };
+  const auto timed_out = send("k2");
+  EXPECT_EQ(timed_out.result_int(), 504U);
+  EXPECT_EQ(problem(timed_out)["code"], "downstream_timeout");
+  EXPECT_EQ(problem(timed_out)["in_doubt"], true);
+  EXPECT_EQ(timed_out[http::field::retry_after], "5");
+  EXPECT_EQ(timed_out.body().find("10.0.0.7"), std::string::npos);  // detail is internal
+  EXPECT_EQ(problem(send("k2"))["code"], "in_progress");
+  EXPECT_EQ(calls, 2);
+
+  next = [] {
+    throw transport_error(transport_error::kind::connect, "bank: connection refused");
+    return http_response{};
+  };
+  const auto unreachable = send("k3");
+  EXPECT_EQ(unreachable.result_int(), 503U);
+  EXPECT_EQ(problem(unreachable)["code"], "downstream_unreachable");
+  EXPECT_FALSE(problem(unreachable).contains("in_doubt"));
+  next = [] { return make_response(201, "charged"); };
+  EXPECT_EQ(send("k3").result_int(), 201U);  // nothing was sent: released at once
+  EXPECT_EQ(calls, 4);
+
+  next = [] {
+    auto r = make_response(500, R"({"code":"attempts_exhausted","retryable":false})",
+                           "application/problem+json");
+    return r;
+  };
+  EXPECT_EQ(send("k4").result_int(), 500U);
+  const auto final_500 = send("k4");  // final downstream: recorded, replayed
+  EXPECT_EQ(final_500.result_int(), 500U);
+  EXPECT_EQ(final_500["Idempotent-Replayed"], "true");
+  EXPECT_EQ(calls, 5);
+}
+
 TEST(RetryLater, OneRuleForTheClientAndTheMiddleware) {
   for (unsigned s : {429U, 500U, 502U, 503U, 504U, 599U}) EXPECT_TRUE(retry_later_status(s)) << s;
   for (unsigned s : {200U, 201U, 400U, 402U, 404U, 409U, 422U, 501U})
@@ -250,6 +325,16 @@ TEST(RetryLater, OneRuleForTheClientAndTheMiddleware) {
   r.set(http::field::retry_after, "3");
   EXPECT_EQ(retry_later_error(r)->retry_after, std::chrono::milliseconds(3000));
   EXPECT_EQ(retry_later_error(http_response{http::status::ok, 11}), std::nullopt);
+  EXPECT_TRUE(retry_later_error(make_response(409, "busy")).has_value());
+  EXPECT_EQ(
+      retry_later_error(make_response(503, R"({"retryable":false})", "application/problem+json")),
+      std::nullopt);
+  // Only the JSON boolean false says final, as for the client.
+  EXPECT_TRUE(
+      retry_later_error(make_response(503, R"({"retryable":"no"})", "application/problem+json"))
+          .has_value());
+  EXPECT_TRUE(retry_later_error(make_response(503, R"({"retryable":false})", "application/json"))
+                  .has_value());
 }
 
 TEST_F(Middleware, FingerprintIgnoresJsonKeyOrderAndFormFieldOrder) {

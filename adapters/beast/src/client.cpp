@@ -38,6 +38,26 @@ using tcp = net::ip::tcp;
 using error_code = boost::system::error_code;
 using steady = std::chrono::steady_clock;
 
+error_info error_of(transport_failure f, std::string detail) {
+  switch (f) {
+    case transport_failure::connect:
+      return error_info::of(error_class::unavailable, codes::downstream_unreachable,
+                            "a downstream service could not be reached; retry later")
+          .with_internal(std::move(detail));
+    case transport_failure::timeout:
+      return error_info::of(error_class::in_doubt, codes::downstream_timeout,
+                            "a downstream service did not answer in time; retry with the same key")
+          .with_status(504)
+          .with_internal(std::move(detail));
+    case transport_failure::closed:
+      break;
+  }
+  return error_info::of(error_class::in_doubt, codes::downstream_closed,
+                        "the connection to a downstream service broke; retry with the same key")
+      .with_status(502)
+      .with_internal(std::move(detail));
+}
+
 http_endpoint parse_http_url(std::string_view url) {
   constexpr std::string_view scheme = "http://";
   if (url.substr(0, scheme.size()) != scheme) {

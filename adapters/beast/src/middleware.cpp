@@ -50,7 +50,7 @@ response record_of(const http_response& res) {
 
 std::optional<error_info> retry_later_error(const http_response& res) {
   const unsigned status = res.result_int();
-  if (!retry_later_status(status)) return std::nullopt;
+  if ((status != 409 && !retry_later_status(status)) || says_final(res)) return std::nullopt;
   std::chrono::milliseconds retry_after{1000};
   if (auto it = res.find(http::field::retry_after); it != res.end()) {
     // Delta-seconds only (an HTTP date is left to the default), at most a day.
@@ -67,6 +67,13 @@ std::optional<error_info> retry_later_error(const http_response& res) {
     return error_info::of(error_class::unavailable, codes::downstream_throttled,
                           "downstream asked to slow down; retry with the same key")
         .with_status(static_cast<int>(status))
+        .with_retry_after(retry_after)
+        .with_internal(std::move(internal));
+  }
+  if (status == 409) {  // downstream is still busy with this key: its outcome is unknown
+    return error_info::of(error_class::in_doubt, codes::downstream_in_progress,
+                          "downstream is still processing this request; retry with the same key")
+        .with_status(409)
         .with_retry_after(retry_after)
         .with_internal(std::move(internal));
   }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <thread>
@@ -21,6 +22,14 @@ namespace orpheus::beast {
 namespace net = boost::asio;
 namespace http = boost::beast::http;
 using tcp = net::ip::tcp;
+
+bool says_final(const http_response& res) {
+  if (!res[http::field::content_type].starts_with("application/problem+json")) return false;
+  const auto problem = nlohmann::json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
+  if (!problem.is_object()) return false;
+  const auto it = problem.find("retryable");
+  return it != problem.end() && it->is_boolean() && !it->get<bool>();
+}
 
 http_response make_response(unsigned status, std::string body, const std::string& content_type) {
   http_response r{static_cast<http::status>(status), 11};

@@ -1,7 +1,6 @@
 #include "orpheus/client/client.hpp"
 
 #include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <thread>
 
@@ -62,16 +61,8 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     // Only a JSON boolean counts: value("retryable", true) threw
     // nlohmann's type_error out of send() on "yes", 1 or null (issue 7,
     // defect 14); anything but a boolean is treated as absent.
-    if (info.kind != error_kind::none &&
-        (*res)[http::field::content_type].starts_with("application/problem+json")) {
-      const auto problem = nlohmann::json::parse(res->body(), nullptr, false);
-      if (problem.is_object()) {
-        const auto it = problem.find("retryable");
-        if (it != problem.end() && it->is_boolean() && !it->get<bool>()) {
-          info.kind = error_kind::none;
-        }
-      }
-    }
+    // (beast::says_final(), the rule the middleware applies too).
+    if (info.kind != error_kind::none && beast::says_final(*res)) info.kind = error_kind::none;
     const auto ra = (*res)[http::field::retry_after];
     if (!ra.empty())
       retry_after = parse_retry_after(std::string_view(ra.data(), ra.size()), o_.time.wall_now());

@@ -76,6 +76,7 @@
 #include <string_view>
 
 #include "orpheus/beast/server.hpp"
+#include "orpheus/error.hpp"
 #include "orpheus/transport.hpp"
 
 namespace orpheus::beast {
@@ -89,15 +90,25 @@ struct http_endpoint {
 /// std::invalid_argument otherwise.
 http_endpoint parse_http_url(std::string_view url);
 
+/// The error a downstream call that got no answer stands for, whatever
+/// reports it: connect is `unavailable` (code downstream_unreachable, 503:
+/// nothing was sent), timeout and closed are `in_doubt` (downstream_timeout
+/// 504, downstream_closed 502). `detail` is internal.
+[[nodiscard]] error_info error_of(transport_failure f, std::string detail);
+
 /// A call that ended without a complete answer. error_kind() says whether the
 /// request may have reached the server (see the file comment), in the core's
 /// words (orpheus/transport.hpp), which the client helper and the payment
 /// wrapper share: connect (nothing was sent: no connection, or the client
 /// shut down), timeout and closed (both in doubt).
-class transport_error : public std::runtime_error {
+///
+/// It is an orpheus::error (error_of()): one that escapes an RPC phase is
+/// classified by what it is -- a retry, in doubt unless nothing was sent --
+/// not as an unclassified exception recorded as a final 500.
+class transport_error : public error {
  public:
   using kind = orpheus::transport_failure;
-  transport_error(kind k, const std::string& what) : std::runtime_error(what), kind_(k) {}
+  transport_error(kind k, const std::string& what) : error(error_of(k, what)), kind_(k) {}
   [[nodiscard]] kind error_kind() const noexcept { return kind_; }
 
  private:

@@ -74,11 +74,17 @@ struct server_options {
 http_response drop_connection();
 
 /// The statuses that mean "not now, try again": 429 and every 5xx except 501.
-/// One rule for both ends: orpheus::client retries exactly these, and the
-/// middleware's one-lambda handle() does not record them.
+/// With 409 (another attempt is in progress), these are what orpheus::client
+/// retries and what the middleware's one-lambda handle() does not record --
+/// unless the answer says_final().
 [[nodiscard]] constexpr bool retry_later_status(unsigned status) noexcept {
   return status == 429 || (status >= 500 && status != 501);
 }
+
+/// True when `res` is application/problem+json whose "retryable" member is
+/// the JSON boolean false: the server recorded it as final, whatever its
+/// status. "yes", 1, null or a body that is not JSON do not count.
+[[nodiscard]] bool says_final(const http_response& res);
 
 /// A response with a body and a Content-Type.
 http_response make_response(unsigned status, std::string body,
