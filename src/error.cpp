@@ -6,29 +6,10 @@ namespace orpheus {
 
 error_info error_info::of(error_class c, std::string_view code, std::string message) {
   error_info e;
+  e.kind = c;
   e.code = std::string(code);
   e.message = std::move(message);
-  e.retryable = orpheus::retryable(c);
-  e.in_doubt = c == error_class::in_doubt;
-  if (e.retryable) e.retry_after = std::chrono::milliseconds(1000);
-  switch (c) {
-    case error_class::invalid_input:
-      e.http_status = 400;
-      break;
-    case error_class::conflict:
-      e.http_status = 409;
-      break;
-    case error_class::unavailable:
-    case error_class::in_doubt:
-      e.http_status = 503;
-      break;
-    case error_class::rejected:
-      e.http_status = 422;
-      break;
-    case error_class::internal:
-      e.http_status = 500;
-      break;
-  }
+  if (e.retryable()) e.retry_after = std::chrono::milliseconds(1000);
   return e;
 }
 

@@ -158,8 +158,7 @@ std::variant<identity, error_info> identify(
   }
   std::optional<std::string> caller = scope ? scope() : std::nullopt;
   if (!caller) {
-    return error_info::of(error_class::invalid_input, codes::unauthenticated, "no caller identity")
-        .with_status(401);
+    return error_info::of(error_class::invalid_input, codes::unauthenticated, "no caller identity");
   }
   who.id.scope = std::move(*caller);
   who.id.fingerprint = fingerprint_of(canonical_request(r, options.max_json_depth));

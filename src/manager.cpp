@@ -28,8 +28,7 @@ lease_terms terms_of(const config& c) {
 
 [[noreturn]] void throw_mismatch() {
   throw error(error_info::of(error_class::invalid_input, codes::fingerprint_mismatch,
-                             "this idempotency key was used with another request payload")
-                  .with_status(422));
+                             "this idempotency key was used with another request payload"));
 }
 
 [[noreturn]] void throw_in_progress(std::int64_t remaining_us) {
@@ -419,7 +418,7 @@ response manager::run(const request_id& id, const detail::phases& p,
         const error_info cause = classify(std::current_exception(), config_.unclassified);
         // An in-doubt RPC keeps its lease (to its end, here): releasing it
         // would let a retry overlap the call that may still run downstream.
-        const bool in_doubt = failure && failure->in_doubt;
+        const bool in_doubt = failure && failure->in_doubt();
         if (!in_doubt) release_quietly(store_, id, owner, reason_of(cause));
         log(log_level::error, "scope " + id.scope + " key " + id.key +
                                   ": Post-RPC failed after the RPC ran: " + reason_of(cause));
@@ -431,9 +430,9 @@ response manager::run(const request_id& id, const detail::phases& p,
       bool fenced = false;
       if (!failure) {
         fenced = t->finish(id, owner, record_state::succeeded, r, {}, terms);
-      } else if (!failure->retryable) {
+      } else if (!failure->retryable()) {
         fenced = t->finish(id, owner, record_state::failed, r, reason_of(*failure), terms);
-      } else if (failure->in_doubt) {
+      } else if (failure->in_doubt()) {
         // The downstream outcome is unknown and the call may still be running
         // there: keep the key until this attempt's deadline has passed.
         fenced = hold_until(*t, id, owner, a.deadline(), terms);
@@ -446,9 +445,9 @@ response manager::run(const request_id& id, const detail::phases& p,
                                         std::to_string(a.number()) + " matched no lease");
       }
       t->commit();  // may throw lease_lost too: a backend that fences in its COMMIT
-      if (failure && failure->retryable) {
+      if (failure && failure->retryable()) {
         error_info e = *failure;
-        if (e.in_doubt) {
+        if (e.in_doubt()) {
           // The key is held to the attempt's deadline (hold_until above): a
           // client sent back sooner would only meet 409 and spend attempts.
           const auto left = std::chrono::ceil<std::chrono::milliseconds>(
@@ -468,7 +467,7 @@ response manager::run(const request_id& id, const detail::phases& p,
       }
       // An in-doubt RPC keeps its lease to its deadline (see hold_until):
       // releasing it here would let a retry overlap the call downstream.
-      if (!(failure && failure->in_doubt)) release_quietly(store_, id, owner, e.what());
+      if (!(failure && failure->in_doubt())) release_quietly(store_, id, owner, e.what());
       if (e.retryable()) throw;
       // Even a permanent database error here leaves the key retryable: the
       // RPC ran, so the client must come back and let a retry finish it.

@@ -111,21 +111,4 @@ std::string attempt::downstream_key(std::string_view name) const {
   return "ork_" + detail::lowercase_hex(std::span(d).first(20));
 }
 
-response problem_response(const error_info& e) {
-  nlohmann::json body = {
-      {"type", "urn:orpheus:error:" + e.code},
-      {"title", e.code},
-      {"status", e.http_status},
-      {"detail", e.message},
-      {"code", e.code},
-      {"retryable", e.retryable},
-  };
-  if (e.in_doubt) body["in_doubt"] = true;
-  response r;
-  r.status = e.http_status;
-  r.headers.emplace_back("Content-Type", "application/problem+json");
-  r.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  return r;
-}
-
 }  // namespace orpheus

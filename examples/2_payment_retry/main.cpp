@@ -93,7 +93,7 @@ void show(const char* what, const std::function<orpheus::response()>& f) {
     const auto r = f();
     std::cout << r.status << (r.replayed ? " (Idempotent-Replayed)" : "") << " " << r.body << "\n";
   } catch (const orpheus::error& e) {
-    std::cout << e.http_status() << " " << e.code()
+    std::cout << orpheus::http_status_of(e.info()) << " " << e.code()
               << (e.retryable() ? " [retryable]" : " [do not retry]") << "\n";
   }
 }

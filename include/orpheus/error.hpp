@@ -33,13 +33,14 @@ namespace orpheus {
 // The codes the library emits, and their classes: orpheus/codes.hpp.
 
 /// The plain data of an error: what travels to the client and what is recorded.
+///
+/// Its class (`kind`) is transport-neutral and decides retryable() and
+/// in_doubt(); an adapter maps it to its own status (HTTP: http_status_of()
+/// in orpheus/problem.hpp, the one place that does).
 struct error_info {
-  int http_status = 500;
+  error_class kind = error_class::internal;
   std::string code;
   std::string message;
-  bool retryable = false;
-  /// Set only with retryable: the outcome of the last commit is unknown.
-  bool in_doubt = false;
   /// A hint for clients (HTTP Retry-After); empty when there is no better
   /// answer than the client's own backoff.
   std::optional<std::chrono::milliseconds> retry_after;
@@ -47,19 +48,27 @@ struct error_info {
   /// what()): logged through orpheus::log and kept in the record's
   /// last_error, never sent to the client. `message` is what clients see.
   std::string internal{};
+  /// The HTTP status a handler chose for this failure (a declined card as
+  /// 402), or a downstream's status an adapter passes on: 400 to 599, others
+  /// are ignored. Empty: HTTP answers with the status of the class and code
+  /// (http_status_of()). The core never sets it.
+  std::optional<int> http_status{};
 
-  /// The way to make one. The class sets retryable and in_doubt (two flags
-  /// that compile when swapped, written by hand), the usual HTTP status
-  /// (invalid_input 400, conflict 409, unavailable and in_doubt 503,
-  /// rejected 422, internal 500) and, for the retryable classes, a one
-  /// second retry_after. The with_ calls change one field each:
+  /// Nothing final happened (conflict, unavailable, in_doubt): the same
+  /// request may be sent again with the same key.
+  [[nodiscard]] bool retryable() const noexcept { return orpheus::retryable(kind); }
+  /// The outcome of the last commit or call is unknown (always retryable).
+  [[nodiscard]] bool in_doubt() const noexcept { return kind == error_class::in_doubt; }
+
+  /// The way to make one. For the retryable classes retry_after starts at one
+  /// second. The with_ calls change one field each:
   ///
-  ///   throw error(error_info::of(error_class::in_doubt, codes::gateway_timeout,
-  ///                              "the gateway did not answer")
-  ///                   .with_status(504)
+  ///   throw error(error_info::of(error_class::rejected, codes::card_declined,
+  ///                              "the card was declined")
+  ///                   .with_http_status(402)
   ///                   .with_internal(detail));
   [[nodiscard]] static error_info of(error_class c, std::string_view code, std::string message);
-  [[nodiscard]] error_info with_status(int status) && {
+  [[nodiscard]] error_info with_http_status(std::optional<int> status) && {
     http_status = status;
     return std::move(*this);
   }
@@ -82,9 +91,9 @@ class error : public std::runtime_error {
         info_(std::move(info)) {}
 
   [[nodiscard]] const error_info& info() const noexcept { return info_; }
-  [[nodiscard]] bool retryable() const noexcept { return info_.retryable; }
-  [[nodiscard]] bool in_doubt() const noexcept { return info_.in_doubt; }
-  [[nodiscard]] int http_status() const noexcept { return info_.http_status; }
+  [[nodiscard]] error_class kind() const noexcept { return info_.kind; }
+  [[nodiscard]] bool retryable() const noexcept { return info_.retryable(); }
+  [[nodiscard]] bool in_doubt() const noexcept { return info_.in_doubt(); }
   [[nodiscard]] const std::string& code() const noexcept { return info_.code; }
   [[nodiscard]] std::optional<std::chrono::milliseconds> retry_after() const noexcept {
     return info_.retry_after;
@@ -96,32 +105,36 @@ class error : public std::runtime_error {
 
 /// A failure that is safe to retry with the same key: nothing final happened,
 /// or (for RPC outcomes) the downstream service deduplicates by the
-/// downstream key. Default status 503.
+/// downstream key. Class unavailable (HTTP 503 unless `http_status` says
+/// otherwise).
 class retryable_error : public error {
  public:
-  retryable_error(std::string_view code, std::string message, int http_status = 503,
+  retryable_error(std::string_view code, std::string message,
+                  std::optional<int> http_status = std::nullopt,
                   std::optional<std::chrono::milliseconds> retry_after = {})
       : error(error_info::of(error_class::unavailable, code, std::move(message))
-                  .with_status(http_status)
+                  .with_http_status(http_status)
                   .with_retry_after(retry_after)) {}
 };
 
 /// A failure that will not go away by retrying: bad input, a business refusal
 /// (card declined). When it comes out of the RPC it is recorded and replayed
-/// for the key's lifetime. Default status 422.
+/// for the key's lifetime. Class rejected (HTTP 422 unless `http_status`
+/// says otherwise).
 class non_retryable_error : public error {
  public:
-  non_retryable_error(std::string_view code, std::string message, int http_status = 422)
+  non_retryable_error(std::string_view code, std::string message,
+                      std::optional<int> http_status = std::nullopt)
       : error(error_info::of(error_class::rejected, code, std::move(message))
-                  .with_status(http_status)) {}
+                  .with_http_status(http_status)) {}
 
  protected:
   /// For the subclasses below, whose class is not `rejected`.
   explicit non_retryable_error(error_info info) : error(std::move(info)) {}
 };
 
-/// Bad input (key, scope, fingerprint): HTTP 400, never retryable, and
-/// thrown before any database work.
+/// Bad input (key, scope, fingerprint): class invalid_input (HTTP 400), never
+/// retryable, and thrown before any database work.
 class bad_input_error : public non_retryable_error {
  public:
   bad_input_error(std::string_view code, std::string message)

@@ -85,6 +85,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/error.hpp"
+#include "orpheus/problem.hpp"
 #include "orpheus/request.hpp"
 #include "orpheus/store.hpp"
 #include "orpheus/tx.hpp"
@@ -135,7 +136,7 @@ class outcome {
   [[nodiscard]] bool ok() const noexcept { return v_.index() == 0; }
   [[nodiscard]] const T& value() const { return std::get<0>(v_); }
   [[nodiscard]] const error_info& error() const { return std::get<1>(v_); }
-  [[nodiscard]] bool retryable() const noexcept { return !ok() && std::get<1>(v_).retryable; }
+  [[nodiscard]] bool retryable() const noexcept { return !ok() && std::get<1>(v_).retryable(); }
 
  private:
   std::variant<T, error_info> v_;

@@ -10,7 +10,8 @@
 //
 // What it brings: errors and their retry classes (error.hpp, and every code
 // the library emits with its class in codes.hpp), request identity, recorded
-// responses and attempts (request.hpp), keys and fingerprints from a request
+// responses and attempts (request.hpp), a failure's HTTP status and
+// problem+json form (problem.hpp), keys and fingerprints from a request
 // given as plain strings (identify.hpp), the
 // transaction handle of the Pre-RPC and Post-RPC phases (tx.hpp), the records
 // and the store interface (store.hpp), key-to-shard mapping (shard_map.hpp),
@@ -34,6 +35,7 @@
 #include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
 #include "orpheus/manager.hpp"
+#include "orpheus/problem.hpp"
 #include "orpheus/request.hpp"
 #include "orpheus/shard_map.hpp"
 #include "orpheus/store.hpp"

@@ -92,9 +92,6 @@ struct response {
   }
 };
 
-/// An RFC 9457 problem+json response for `e`, with a `retryable` member.
-[[nodiscard]] response problem_response(const error_info& e);
-
 /// What the RPC phase knows about the attempt it runs in.
 ///
 /// Lifetime: valid for the duration of one process() call.

@@ -176,7 +176,7 @@ void check_validate(const std::string& scope, const std::string& key, const std:
                "accepted " + shown(key) + " / " + shown(scope) + " / " + shown(fp));
   } catch (const orpheus::bad_input_error& e) {
     FUZZ_CHECK(e.code() == expected, e.code() + " for " + shown(key) + " / " + shown(scope));
-    FUZZ_CHECK(e.http_status() == 400 && !e.retryable(), e.what());
+    FUZZ_CHECK(orpheus::http_status_of(e.info()) == 400 && !e.retryable(), e.what());
   }
 }
 

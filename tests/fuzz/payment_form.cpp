@@ -22,6 +22,7 @@
 #include "fuzz_support.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/error.hpp"
+#include "orpheus/problem.hpp"
 
 namespace {
 
@@ -42,7 +43,7 @@ std::optional<payment> parsed(std::string_view type, std::string_view body) {
   try {
     return examples::payments_server::parse_payment(req);
   } catch (const orpheus::non_retryable_error& e) {
-    FUZZ_CHECK(e.http_status() == 400 && e.code() == "invalid_request", e.what());
+    FUZZ_CHECK(orpheus::http_status_of(e.info()) == 400 && e.code() == "invalid_request", e.what());
     return std::nullopt;
   }
 }

@@ -587,8 +587,8 @@ TEST(ClientDefaults, ALostFirstAnswerEndsWithOneChargeAndTheRecordedAnswer) {
     if (++charge_calls == 1) {
       lock.unlock();
       std::this_thread::sleep_until(a.deadline());  // no answer before the RPC's deadline
-      throw error(error_info{504, "gateway_timeout", "no answer from the bank", true, true,
-                             std::chrono::milliseconds(1000)});
+      throw error(
+          error_info::of(error_class::in_doubt, "gateway_timeout", "no answer from the bank"));
     }
     return "ch_" + key;
   };

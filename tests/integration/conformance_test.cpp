@@ -238,7 +238,7 @@ TEST_P(Conformance, FingerprintMismatchIsRejectedAndChangesNothing) {
     pay(m, id("k1", "amount=999"), c);
     ADD_FAILURE() << "a key re-used with another payload was accepted";
   } catch (const error& e) {
-    EXPECT_EQ(e.http_status(), 422);
+    EXPECT_EQ(e.kind(), error_class::invalid_input);
     EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
     EXPECT_FALSE(e.retryable());
   }
@@ -274,7 +274,7 @@ TEST_P(Conformance, LiveLeaseIsRejectedWithTheTimeLeft) {
       pay(m, id("k1"), inner);
       ADD_FAILURE() << "a second attempt ran while the first held the lease";
     } catch (const error& e) {
-      EXPECT_EQ(e.http_status(), 409);
+      EXPECT_EQ(e.kind(), error_class::conflict);
       EXPECT_EQ(e.code(), codes::in_progress);
       EXPECT_TRUE(e.retryable());
       EXPECT_LE(e.retry_after().value_or(0ms), 20s);
@@ -336,7 +336,7 @@ TEST_P(Conformance, AnAttemptThatLostItsLeaseCannotRecord) {
     });
     ADD_FAILURE() << "attempt A recorded after losing its lease";
   } catch (const error& e) {
-    EXPECT_EQ(e.http_status(), 409);
+    EXPECT_EQ(e.kind(), error_class::conflict);
     EXPECT_EQ(e.code(), codes::lease_lost);
     EXPECT_TRUE(e.retryable());
   }
@@ -360,7 +360,7 @@ TEST_P(Conformance, RetryableOutcomeReleasesTheLeaseAndLeavesTheKeyRetryable) {
     ADD_FAILURE() << "a retryable outcome was not reported";
   } catch (const error& e) {
     EXPECT_TRUE(e.retryable());
-    EXPECT_EQ(e.http_status(), 504);
+    EXPECT_EQ(e.info().http_status, 504) << "the handler's status travels with the error";
     EXPECT_EQ(e.code(), "gateway_timeout");
   }
   auto rec = store_->inspect(rid);
@@ -481,7 +481,7 @@ TEST_P(Conformance, ThrowingPreRpcRollsBackItsWritesAndTheLeaseRow) {
     ADD_FAILURE() << "the Pre-RPC error was swallowed";
   } catch (const error& e) {
     EXPECT_EQ(e.code(), "invalid_amount");
-    EXPECT_EQ(e.http_status(), 400);
+    EXPECT_EQ(e.info().http_status, 400) << "the handler's status travels with the error";
     EXPECT_FALSE(e.retryable());
   }
   EXPECT_FALSE(store_->inspect(rid)) << "nothing may be recorded for a failed Pre-RPC";
@@ -616,7 +616,10 @@ TEST_P(Conformance, ASuccessOnlyPostRpcCanTakeThePreRpcResult) {
           return payment{"pay-8", 800};
         },
         [&](const attempt&, const payment& p) -> outcome<std::string> {
-          if (fail) return error_info{402, "card_declined", "no", false, false, std::nullopt};
+          if (fail) {
+            return error_info::of(error_class::rejected, "card_declined", "no")
+                .with_http_status(402);
+          }
           return "ch_" + p.id;
         },
         [&](tx&, const attempt&, const payment& p, const std::string& charge_id) {
@@ -820,8 +823,9 @@ TEST_P(Conformance, AnInDoubtRpcOutcomeKeepsTheLeaseUntilTheAttemptsDeadline) {
   counters c;
   try {
     pay(m, rid, c, [](const attempt&, const payment&) -> std::string {
-      error_info e{504, "gateway_timeout", "no answer from the bank", true, true, std::nullopt};
-      throw error(e);
+      throw error(
+          error_info::of(error_class::in_doubt, "gateway_timeout", "no answer from the bank")
+              .with_retry_after(std::nullopt));
     });
     ADD_FAILURE() << "an in-doubt outcome was not reported";
   } catch (const error& e) {
@@ -1044,7 +1048,7 @@ TEST_P(Conformance, BadInputIsRejectedBeforeAnyDatabaseWork) {
       pay(m, rid, c);
       ADD_FAILURE() << "accepted bad input";
     } catch (const bad_input_error& e) {
-      EXPECT_EQ(e.http_status(), 400);
+      EXPECT_EQ(e.kind(), error_class::invalid_input);
       EXPECT_FALSE(e.retryable());
     }
   }

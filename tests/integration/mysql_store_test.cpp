@@ -645,7 +645,7 @@ TEST_F(MysqlStore, FinishSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenceF
     ADD_FAILURE() << "transaction 2 committed without its fenced record";
   } catch (const error& e) {
     EXPECT_EQ(e.code(), codes::lease_lost) << e.what();
-    EXPECT_EQ(e.http_status(), 409);
+    EXPECT_EQ(e.kind(), error_class::conflict);
     EXPECT_TRUE(e.retryable());
     EXPECT_FALSE(e.in_doubt()) << "the fence stops the block before its COMMIT";
   }

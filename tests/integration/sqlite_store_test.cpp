@@ -504,7 +504,8 @@ TEST(SqliteStore, AnInDoubtOutcomeWhosePostRpcThrowsKeepsTheLease) {
     m.process(
         rid, [](tx&) { return 1; },
         [](const attempt&, int) -> int {
-          throw error(error_info{504, "gateway_timeout", "no answer", true, true, std::nullopt});
+          throw error(error_info::of(error_class::in_doubt, "gateway_timeout", "no answer")
+                          .with_retry_after(std::nullopt));
         },
         [](tx&, const attempt&, const outcome<int>& o) {
           return response{201, {}, std::to_string(o.value())};  // throws on an error outcome

@@ -6,6 +6,7 @@
 
 #include "orpheus/client/retry.hpp"
 #include "orpheus/payment/charge.hpp"
+#include "orpheus/problem.hpp"
 #include "orpheus/transport.hpp"
 
 namespace orpheus::payment {
@@ -64,7 +65,7 @@ TEST(Payment, ARetryReplaysAnEarlierDecline) {
     ADD_FAILURE();
   } catch (const error& e) {
     EXPECT_FALSE(e.retryable());
-    EXPECT_EQ(e.http_status(), 402);
+    EXPECT_EQ(http_status_of(e.info()), 402);
   }
   EXPECT_EQ(g.calls.size(), 1U);
 }
@@ -95,7 +96,7 @@ TEST(Payment, ErrorsAreClassified) {
     } catch (const error& e) {
       EXPECT_EQ(e.retryable(), x.retryable) << static_cast<int>(x.status);
       EXPECT_EQ(e.in_doubt(), x.in_doubt) << static_cast<int>(x.status);
-      EXPECT_EQ(e.http_status(), x.http) << static_cast<int>(x.status);
+      EXPECT_EQ(http_status_of(e.info()), x.http) << static_cast<int>(x.status);
     }
   }
 }

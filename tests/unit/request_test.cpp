@@ -6,6 +6,7 @@
 #include "orpheus/detail/migration.hpp"
 #include "orpheus/detail/record_row.hpp"
 #include "orpheus/identify.hpp"
+#include "orpheus/problem.hpp"
 #include "orpheus/request.hpp"
 
 namespace orpheus {
@@ -19,7 +20,7 @@ void expect_bad(const request_id& id, std::string_view code) {
     ADD_FAILURE() << "accepted a bad request id";
   } catch (const bad_input_error& e) {
     EXPECT_EQ(e.code(), code);
-    EXPECT_EQ(e.http_status(), 400);
+    EXPECT_EQ(http_status_of(e.info()), 400);
     EXPECT_FALSE(e.retryable());
   }
 }
@@ -126,7 +127,7 @@ TEST(Attempt, DownstreamKeyIsStableAndSeparatesFields) {
 }
 
 TEST(Problem, CarriesTheRetryableFlag) {
-  const auto r = problem_response(error_info{409, "in_progress", "busy", true, false, {}});
+  const auto r = problem_response(error_info::of(error_class::conflict, "in_progress", "busy"));
   EXPECT_EQ(r.status, 409);
   ASSERT_EQ(r.headers.size(), 1U);
   EXPECT_EQ(r.headers[0].second, "application/problem+json");
@@ -139,16 +140,16 @@ TEST(Problem, CarriesTheRetryableFlag) {
 TEST(Classify, KeepsOrpheusClassesAndAppliesThePolicyToOthers) {
   auto as_ptr = [](auto e) { return std::make_exception_ptr(e); };
   EXPECT_TRUE(
-      classify(as_ptr(retryable_error("x", "y")), unclassified_policy::non_retryable).retryable);
+      classify(as_ptr(retryable_error("x", "y")), unclassified_policy::non_retryable).retryable());
   EXPECT_FALSE(
-      classify(as_ptr(non_retryable_error("x", "y")), unclassified_policy::retryable).retryable);
+      classify(as_ptr(non_retryable_error("x", "y")), unclassified_policy::retryable).retryable());
   const auto plain =
       classify(as_ptr(std::runtime_error("boom")), unclassified_policy::non_retryable);
-  EXPECT_FALSE(plain.retryable);
+  EXPECT_FALSE(plain.retryable());
   EXPECT_EQ(plain.code, codes::unclassified);
   EXPECT_TRUE(
-      classify(as_ptr(std::runtime_error("boom")), unclassified_policy::retryable).retryable);
-  EXPECT_FALSE(classify(as_ptr(42), unclassified_policy::non_retryable).retryable);
+      classify(as_ptr(std::runtime_error("boom")), unclassified_policy::retryable).retryable());
+  EXPECT_FALSE(classify(as_ptr(42), unclassified_policy::non_retryable).retryable());
 }
 
 TEST(Migrations, SplitStatementsAtLineEndSemicolons) {
@@ -216,7 +217,7 @@ TEST(Identify, GivesTheRequestIdOrTheAnswerInTheDocumentedOrder) {
 
   auto code_of = [](const std::variant<identity, error_info>& v) {
     return std::holds_alternative<error_info>(v)
-               ? std::to_string(std::get<error_info>(v).http_status) + " " +
+               ? std::to_string(http_status_of(std::get<error_info>(v))) + " " +
                      std::get<error_info>(v).code
                : std::string("accepted");
   };
@@ -238,7 +239,7 @@ TEST(Identify, GivesTheRequestIdOrTheAnswerInTheDocumentedOrder) {
             "400 invalid_scope");
   const auto refused =
       std::get<error_info>(identify(json_post("{}"), std::nullopt, counted, rules));
-  EXPECT_FALSE(refused.retryable);
+  EXPECT_FALSE(refused.retryable());
   EXPECT_NE(refused.message.find("Idempotency-Key"), std::string::npos);
 }
 

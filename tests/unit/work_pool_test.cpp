@@ -22,7 +22,7 @@ TEST(WorkPool, RefusesZeroThreadsOrQueueWithAConfigError) {
     work_pool pool(0, 0);
     ADD_FAILURE() << "no exception";
   } catch (const config_error& e) {
-    EXPECT_FALSE(e.info().retryable);
+    EXPECT_FALSE(e.info().retryable());
     EXPECT_EQ(e.info().code, codes::invalid_config);
   }
 }

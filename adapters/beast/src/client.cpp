@@ -47,14 +47,12 @@ error_info error_of(transport_failure f, std::string detail) {
     case transport_failure::timeout:
       return error_info::of(error_class::in_doubt, codes::downstream_timeout,
                             "a downstream service did not answer in time; retry with the same key")
-          .with_status(504)
           .with_internal(std::move(detail));
     case transport_failure::closed:
       break;
   }
   return error_info::of(error_class::in_doubt, codes::downstream_closed,
                         "the connection to a downstream service broke; retry with the same key")
-      .with_status(502)
       .with_internal(std::move(detail));
 }
 

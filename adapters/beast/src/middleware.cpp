@@ -7,6 +7,7 @@
 
 #include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
+#include "orpheus/problem.hpp"
 
 namespace orpheus::beast {
 
@@ -66,21 +67,21 @@ std::optional<error_info> retry_later_error(const http_response& res) {
   if (throttled) {
     return error_info::of(error_class::unavailable, codes::downstream_throttled,
                           "downstream asked to slow down; retry with the same key")
-        .with_status(static_cast<int>(status))
+        .with_http_status(static_cast<int>(status))
         .with_retry_after(retry_after)
         .with_internal(std::move(internal));
   }
   if (status == 409) {  // downstream is still busy with this key: its outcome is unknown
     return error_info::of(error_class::in_doubt, codes::downstream_in_progress,
                           "downstream is still processing this request; retry with the same key")
-        .with_status(409)
+        .with_http_status(409)
         .with_retry_after(retry_after)
         .with_internal(std::move(internal));
   }
   return error_info::of(error_class::in_doubt, codes::downstream_failed,
                         "the request failed downstream and was not recorded; retry with the "
                         "same key")
-      .with_status(static_cast<int>(status))
+      .with_http_status(static_cast<int>(status))
       .with_retry_after(retry_after)
       .with_internal(std::move(internal));
 }
@@ -120,18 +121,12 @@ std::variant<request_id, http_response> middleware::identify(const http_request&
 }
 
 http_response middleware::error_response(const error_info& e, const std::string& key) const {
-  error_info shown = e;
-  // A retryable failure that is not a conflict is "try again later": 503.
-  if (shown.retryable && shown.http_status < 500 && shown.http_status != 409 &&
-      shown.http_status != 429) {
-    shown.http_status = 503;
-  }
-  const response p = problem_response(shown);
-  http_response res{static_cast<http::status>(shown.http_status), 11};
+  const response p = problem_response(e);
+  http_response res{static_cast<http::status>(p.status), 11};
   for (const auto& [name, value] : p.headers) res.set(name, value);
   res.body() = p.body;
-  if (shown.retryable) {
-    const auto after = shown.retry_after.value_or(std::chrono::milliseconds(1000));
+  if (e.retryable()) {
+    const auto after = e.retry_after.value_or(std::chrono::milliseconds(1000));
     res.set(http::field::retry_after, std::to_string((after.count() + 999) / 1000));
   }
   if (!key.empty()) {
@@ -239,7 +234,7 @@ void middleware::finish(const pending& p, http_response res) const {
 void middleware::log_internal(const error_info& e, std::string_view about) const {
   if (e.internal.empty()) return;
   std::string line = "orpheus::beast: answered ";
-  line += std::to_string(e.http_status);
+  line += std::to_string(http_status_of(e));
   line += " " + e.code + " ";
   line += about;
   line += ": " + e.internal;

@@ -12,18 +12,15 @@ namespace {
 //
 // The gateway's own words (`detail`) are internal: logged and recorded, never
 // sent to the client, whose message is fixed text (issue 7.13).
-[[noreturn]] void unknown_outcome(int status, std::string_view code, const std::string& detail) {
+[[noreturn]] void unknown_outcome(std::string_view code, const std::string& detail) {
   throw error(error_info::of(error_class::in_doubt, code,
                              "the gateway's outcome is unknown; a retry asks it before charging "
                              "again")
-                  .with_status(status)
                   .with_internal("gateway: " + detail));
 }
 
-[[noreturn]] void refused(int status, std::string_view code, std::string message,
-                          const std::string& detail) {
+[[noreturn]] void refused(std::string_view code, std::string message, const std::string& detail) {
   throw error(error_info::of(error_class::rejected, code, std::move(message))
-                  .with_status(status)
                   .with_internal("gateway: " + detail));
 }
 
@@ -68,9 +65,9 @@ std::string charge_id_of(const gateway_answer& answer) {
     case gateway_status::charged:
       return answer.charge_id;
     case gateway_status::declined:
-      refused(402, codes::card_declined, "the payment was declined", answer.detail);
+      refused(codes::card_declined, "the payment was declined", answer.detail);
     case gateway_status::invalid:
-      refused(422, codes::invalid_payment, "the gateway refused the payment", answer.detail);
+      refused(codes::invalid_payment, "the gateway refused the payment", answer.detail);
     case gateway_status::connect_failed:
       not_yet(codes::gateway_unreachable, "could not reach the gateway", answer.detail);
     case gateway_status::throttled:
@@ -81,15 +78,15 @@ std::string charge_id_of(const gateway_answer& answer) {
       // A 409: a charge with this key is still running at the gateway, so its
       // outcome is unknown (issue 7, defect 5: it was invalid_payment, a
       // final failure recorded over money that was being charged).
-      unknown_outcome(503, codes::gateway_in_progress, answer.detail);
+      unknown_outcome(codes::gateway_in_progress, answer.detail);
     case gateway_status::timeout:
-      unknown_outcome(504, codes::gateway_timeout, answer.detail);
+      unknown_outcome(codes::gateway_timeout, answer.detail);
     case gateway_status::not_found:  // a status answer where a charge answer was due
     case gateway_status::server_error:
     case gateway_status::reset:
       break;
   }
-  unknown_outcome(502, codes::gateway_error, answer.detail);
+  unknown_outcome(codes::gateway_error, answer.detail);
 }
 
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
@@ -105,7 +102,7 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
       throw retryable_error(codes::gateway_timeout, "no time left before the deadline to charge",
                             504);
     }
-    unknown_outcome(504, codes::gateway_timeout, "no time left before the deadline to ask");
+    unknown_outcome(codes::gateway_timeout, "no time left before the deadline to ask");
   };
   if (a.is_retry()) {
     // An earlier attempt may have charged: ask before acting again. Only
@@ -121,7 +118,7 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
       case gateway_status::not_found:
         break;
       default:
-        unknown_outcome(502, codes::charge_status_unknown,
+        unknown_outcome(codes::charge_status_unknown,
                         "the status query did not settle the earlier charge: " + known.detail);
     }
   }

@@ -1,0 +1,73 @@
+#include "orpheus/problem.hpp"
+
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+namespace orpheus {
+namespace {
+
+struct code_status {
+  std::string_view code;
+  int status;
+};
+
+// Library codes whose HTTP status is not their class's (docs/errors.md).
+constexpr code_status kByCode[] = {
+    {codes::fingerprint_mismatch, 422},  {codes::unauthenticated, 401},
+    {codes::downstream_timeout, 504},    {codes::gateway_timeout, 504},
+    {codes::downstream_closed, 502},     {codes::gateway_error, 502},
+    {codes::charge_status_unknown, 502}, {codes::card_declined, 402},
+};
+
+int status_of_class(error_class c) noexcept {
+  switch (c) {
+    case error_class::invalid_input:
+      return 400;
+    case error_class::conflict:
+      return 409;
+    case error_class::unavailable:
+    case error_class::in_doubt:
+      return 503;
+    case error_class::rejected:
+      return 422;
+    case error_class::internal:
+      break;
+  }
+  return 500;
+}
+
+}  // namespace
+
+int http_status_of(const error_info& e) noexcept {
+  int status = status_of_class(e.kind);
+  if (e.http_status && *e.http_status >= 400 && *e.http_status <= 599) {
+    status = *e.http_status;
+  } else {
+    for (const auto& [code, s] : kByCode) {
+      if (e.code == code) status = s;
+    }
+  }
+  // "Try again later": a client does not retry other 4xx answers.
+  if (e.retryable() && status < 500 && status != 409 && status != 429) status = 503;
+  return status;
+}
+
+response problem_response(const error_info& e) {
+  const int status = http_status_of(e);
+  nlohmann::json body = {
+      {"type", "urn:orpheus:error:" + e.code},
+      {"title", e.code},
+      {"status", status},
+      {"detail", e.message},
+      {"code", e.code},
+      {"retryable", e.retryable()},
+  };
+  if (e.in_doubt()) body["in_doubt"] = true;
+  response r;
+  r.status = status;
+  r.headers.emplace_back("Content-Type", "application/problem+json");
+  r.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return r;
+}
+
+}  // namespace orpheus
