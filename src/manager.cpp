@@ -11,6 +11,7 @@
 #include "orpheus/detail/records.hpp"
 #include "orpheus/log.hpp"
 #include "pre_state.hpp"
+#include "replay_cache.hpp"
 
 namespace orpheus {
 namespace {
@@ -98,9 +99,23 @@ void validate(const config& c) {
   }
   if (c.retention <= c.lease) throw config_error("retention must be longer than the lease");
   if (c.max_attempts < 1) throw config_error("max_attempts must be >= 1");
+  if (c.replay_cache_bytes > 0) {
+    check(c.replay_cache_ttl, "replay_cache_ttl");
+    // A record remembered past its retention keeps its key answered from
+    // memory after the purge: bounded by the ttl, which the retention bounds.
+    if (c.replay_cache_ttl > c.retention) {
+      throw config_error("replay_cache_ttl must not be longer than retention");
+    }
+  }
 }
 
-manager::manager(store& s, config c) : store_(s), config_(c) { validate(config_); }
+manager::manager(store& s, config c) : store_(s), config_(c) {
+  validate(config_);
+  if (config_.replay_cache_bytes > 0) {
+    replay_cache_ = std::make_shared<detail::replay_cache>(config_.replay_cache_bytes,
+                                                           config_.replay_cache_ttl);
+  }
+}
 
 namespace {
 
@@ -251,12 +266,23 @@ response manager::run(const request_id& id, const detail::phases& p,
   }
   auto poll = 5ms;
 
+  // 0. A terminal record this process read before (config::replay_cache_bytes).
+  if (replay_cache_) {
+    if (const auto known = replay_cache_->find(id)) {
+      if (known->fingerprint != id.fingerprint) throw_mismatch();
+      response out = known->recorded;
+      out.replayed = true;
+      return out;
+    }
+  }
+
   // A few rounds at most: a round ends early only when another request
   // changed the record between our read and our write.
   for (int round = 0; round < 8; ++round) {
     // 1. Replay fast path: one read, no transaction, no lock.
     std::optional<record> seen = store_.read(id);
     if (seen) {
+      if (replay_cache_) replay_cache_->put(id, *seen);  // terminal ones only
       if (seen->fingerprint != id.fingerprint) throw_mismatch();
       if (is_terminal(seen->state)) return replay_of(*seen);
       if (lease_is_live(*seen)) {
@@ -487,6 +513,8 @@ std::size_t manager::purge_expired(std::size_t batch_limit) {
   for (std::size_t s = 0; s < store_.shard_count(); ++s) {
     n += store_.purge_expired(s, batch_limit);
   }
+  // Which keys went is not known here: forget them all.
+  if (n > 0 && replay_cache_) replay_cache_->clear();
   return n;
 }
 

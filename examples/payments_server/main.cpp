@@ -5,6 +5,7 @@
 // payment), gateway.cpp (the bank), storage.cpp (the store and its schema),
 // metrics.cpp (GET /metrics) and purger.cpp (expired records).
 
+#include <algorithm>
 #include <iostream>
 
 #include "../common/flags.hpp"
@@ -53,6 +54,13 @@ Usage: payments_server --bank URL [flags]
                         (default 604800000; not shorter than the retry window)
   --purge-interval-ms N purge expired records this often (default 60000)
   --purge-batch N       records deleted per statement when purging (1000)
+  --replay-cache-mb N   keep up to N MB of finished payments read back from the
+                        store in memory, so that their replays need no
+                        database round trip (default 16; 0: off). A purge by
+                        another server is seen within --replay-cache-ttl-ms
+  --replay-cache-ttl-ms N  how long a remembered payment answers before the
+                        store is read again (default 60000, or the retention
+                        when shorter)
 
 Prints "listening on PORT" once ready; SIGTERM or SIGINT stops it cleanly:
 no new connections, the payments in flight finish and are answered, then it
@@ -94,6 +102,9 @@ int main(int argc, char** argv) {
   cfg.retention = std::chrono::milliseconds(f.num("retention-ms", 7L * 24 * 3600 * 1000));
   const long purge_interval = f.num("purge-interval-ms", 60000);
   const long purge_batch = f.num("purge-batch", 1000);
+  const long replay_cache_mb = f.num("replay-cache-mb", 16);
+  cfg.replay_cache_ttl = std::chrono::milliseconds(f.num(
+      "replay-cache-ttl-ms", std::min<long>(60000, static_cast<long>(cfg.retention.count()))));
   f.done();
   if (bank_url.empty()) f.fail("--bank is required");
   if (port < 0 || port > 65535 || workers < 1 || queue < 1)
@@ -102,6 +113,9 @@ int main(int argc, char** argv) {
     f.fail("--max-connections, --idle-timeout-ms and --header-timeout-ms must be positive");
   if (purge_interval < 1 || purge_batch < 1)
     f.fail("--purge-interval-ms and --purge-batch must be positive");
+  if (replay_cache_mb < 0 || replay_cache_mb > 1024 * 1024)
+    f.fail("--replay-cache-mb must be from 0 to 1048576");
+  cfg.replay_cache_bytes = static_cast<std::size_t>(replay_cache_mb) << 20;
 
   try {
     std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc

@@ -75,6 +75,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -108,10 +109,22 @@ struct config {
   std::chrono::milliseconds retention = std::chrono::hours{24 * 7};
   /// How exceptions that are not orpheus::error are classified.
   unclassified_policy unclassified = unclassified_policy::non_retryable;
+  /// Replays answered from memory: up to this many bytes of terminal records
+  /// read by this manager are kept in the process, so that a replay of one
+  /// of them needs no database round trip. 0 (the default): off, every
+  /// replay reads the key's master. A terminal record never changes until it
+  /// is purged, so a remembered one answers as the database would; a purge by
+  /// another process (or a row deleted by hand) is seen after at most
+  /// replay_cache_ttl, and purge_expired() empties this manager's memory.
+  std::size_t replay_cache_bytes = 0;
+  /// How long a remembered record answers before the database is read
+  /// again. With the cache on: positive, and not longer than retention.
+  std::chrono::milliseconds replay_cache_ttl = std::chrono::seconds{60};
 };
 
 /// Throws config_error for a configuration the library refuses: non-positive
-/// durations, rpc_timeout not shorter than the lease, max_attempts < 1.
+/// durations, rpc_timeout not shorter than the lease, max_attempts < 1, a
+/// replay cache whose ttl is longer than the retention.
 void validate(const config& c);
 
 struct process_options {
@@ -143,6 +156,8 @@ class outcome {
 };
 
 namespace detail {
+class replay_cache;
+
 template <class R>
 struct outcome_of {
   using type = outcome<R>;
@@ -233,6 +248,8 @@ class manager {
 
   store& store_;
   config config_;
+  /// Null when config::replay_cache_bytes is 0. Copies of a manager share it.
+  std::shared_ptr<detail::replay_cache> replay_cache_;
 };
 
 template <pre_rpc_phase Pre, rpc_phase<detail::pre_state_of<Pre>> Rpc, class Post>

@@ -951,6 +951,85 @@ TEST_P(Conformance, AbandonedRecordsArePurgedAfterTheirWindowAndRetentionButNeve
   EXPECT_TRUE(store_->inspect(live)) << "a live lease is never purged from under its attempt";
 }
 
+// config::replay_cache_bytes: a terminal record read once is answered from
+// memory, fingerprint checked, until the ttl or a purge by this manager. The
+// rows here are purged by a second manager without the cache, so that only
+// memory can answer.
+TEST_P(Conformance, ReplayCacheAnswersFromMemoryUntilAPurgeHere) {
+  config cfg;
+  cfg.replay_cache_bytes = 1 << 20;
+  manager cached(*store_, cfg);
+  manager plain(*store_);
+  int runs = 0;
+  auto run = [&](manager& m, const request_id& rid) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt&, int) {
+          ++runs;
+          return std::string("charged ") + std::to_string(runs);
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        },
+        process_options{.retention = 0ms});  // expired at once: the next purge takes it
+  };
+  const auto rid = id("cached");
+  EXPECT_FALSE(run(cached, rid).replayed);
+  EXPECT_TRUE(run(cached, rid).replayed);  // read from the database, and remembered
+  EXPECT_EQ(runs, 1);
+  std::this_thread::sleep_for(5ms);  // SQLite's clock counts milliseconds: be past "expires"
+  ASSERT_GE(plain.purge_expired(1000), 1U);
+  ASSERT_FALSE(store_->inspect(rid));
+
+  const auto from_memory = run(cached, rid);
+  EXPECT_TRUE(from_memory.replayed);
+  EXPECT_EQ(from_memory.status, 201);
+  EXPECT_EQ(from_memory.body, "charged 1");
+  EXPECT_EQ(runs, 1) << "the request ran again although this manager remembered its record";
+  try {
+    run(cached, id("cached", "amount=999"));
+    ADD_FAILURE() << "a remembered key re-used with another payload was accepted";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
+  }
+  EXPECT_EQ(runs, 1);
+
+  // Without the cache the purge is seen at once; with it, after a purge here.
+  EXPECT_FALSE(run(plain, rid).replayed);
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(run(cached, rid).body, "charged 1") << "memory answers until a purge here";
+  std::this_thread::sleep_for(5ms);
+  ASSERT_GE(cached.purge_expired(1000), 1U);
+  EXPECT_FALSE(run(cached, rid).replayed) << "a purge here did not empty the memory";
+  EXPECT_EQ(runs, 3);
+}
+
+// Records that can still change are never remembered: a key in progress or
+// retryable is read from the database every time.
+TEST_P(Conformance, ReplayCacheKeepsNoUnfinishedRecord) {
+  config cfg = short_lease();
+  cfg.replay_cache_bytes = 1 << 20;
+  manager m(*store_, cfg);
+  counters c;
+  const auto rid = id("unfinished");
+  EXPECT_THROW(pay(m, rid, c,
+                   [](const attempt&, const payment&) -> std::string {
+                     throw retryable_error("gateway_down", "try later");
+                   }),
+               error);
+  EXPECT_THROW(pay(m, rid, c,
+                   [](const attempt&, const payment&) -> std::string {
+                     throw retryable_error("gateway_down", "try later");
+                   }),
+               error);
+  EXPECT_EQ(c.rpc, 2) << "a retryable record was answered from memory";
+  const auto done = pay(m, rid, c);
+  EXPECT_FALSE(done.replayed);
+  EXPECT_EQ(c.rpc, 3);
+  EXPECT_TRUE(pay(m, rid, c).replayed);
+  EXPECT_EQ(c.rpc, 3);
+}
+
 TEST_P(Conformance, OneKeyInTwoScopesIsTwoRequests) {
   manager m(*store_);
   counters c;

@@ -23,6 +23,24 @@ void expect_refused(const config& c) {
 
 TEST(Config, DefaultsAreValid) { EXPECT_NO_THROW(validate(config{})); }
 
+TEST(Config, AReplayCacheAnswersNoLongerThanTheRetention) {
+  config c;
+  c.replay_cache_bytes = 1 << 20;
+  EXPECT_NO_THROW(validate(c));
+  c.replay_cache_ttl = 0ms;
+  expect_refused(c);
+  c.replay_cache_ttl = -1ms;
+  expect_refused(c);
+  c.replay_cache_ttl = c.retention + 1ms;
+  expect_refused(c);
+  c.replay_cache_ttl = c.retention;
+  EXPECT_NO_THROW(validate(c));
+  // Off, the ttl is not used and not checked.
+  c.replay_cache_bytes = 0;
+  c.replay_cache_ttl = 0ms;
+  EXPECT_NO_THROW(validate(c));
+}
+
 TEST(Config, RpcTimeoutMustBeShorterThanTheLease) {
   config c;
   c.lease = 10s;

@@ -1,0 +1,72 @@
+// A bounded memory of terminal records, in this process, for the replay fast
+// path (config::replay_cache_bytes).
+//
+// Why it is safe: a terminal record (succeeded or failed) never changes until
+// it is purged, so a copy answers a replay exactly as the database would, and
+// only records read back from the database are kept (they are durable). What
+// a copy cannot see is a purge by another process, or a row deleted by hand:
+// each entry answers for at most `ttl`, and a purge in this process empties
+// the cache. A key whose record was purged is then answered from memory for
+// up to `ttl` longer, never run again early.
+//
+// Thread safety: every member may be called from any number of threads.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "orpheus/request.hpp"
+#include "orpheus/store.hpp"
+
+namespace orpheus::detail {
+
+class replay_cache {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// What a replay needs: the fingerprint to compare and the answer.
+  struct entry {
+    std::string fingerprint;
+    response recorded;
+  };
+
+  /// `now` is the clock entries expire by (tests pass their own).
+  replay_cache(std::size_t max_bytes, std::chrono::milliseconds ttl,
+               std::function<clock::time_point()> now = clock::now);
+
+  /// The remembered record of `id`, or nullptr (never seen, evicted, or older
+  /// than the ttl).
+  [[nodiscard]] std::shared_ptr<const entry> find(const request_id& id);
+  /// Remembers `r` when it is terminal and fits in max_bytes on its own;
+  /// evicts the least recently used entries to make room.
+  void put(const request_id& id, const record& r);
+  void clear();
+
+  [[nodiscard]] std::size_t size() const;
+  [[nodiscard]] std::size_t bytes() const;
+
+ private:
+  struct node {
+    std::string key;
+    std::shared_ptr<const entry> value;
+    clock::time_point expires;
+    std::size_t bytes;
+  };
+  void erase(std::list<node>::iterator it);  // requires mu_
+
+  const std::size_t max_bytes_;
+  const std::chrono::milliseconds ttl_;
+  const std::function<clock::time_point()> now_;
+  mutable std::mutex mu_;
+  std::list<node> lru_;  // most recently used first
+  std::unordered_map<std::string, std::list<node>::iterator> index_;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace orpheus::detail

@@ -1,0 +1,105 @@
+// The replay cache on its own: what it keeps, for how long, and in how many
+// bytes. How the manager uses it is in the conformance suite
+// (ReplayCacheAnswersFromMemoryUntilAPurgeHere).
+#include "../../src/replay_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+namespace orpheus::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+record terminal(const std::string& body, record_state s = record_state::succeeded) {
+  record r;
+  r.state = s;
+  r.fingerprint = "fp-" + body;
+  r.recorded = response{201, {{"Content-Type", "application/json"}}, body};
+  return r;
+}
+
+request_id id(const std::string& key) { return {"scope", key, "fp"}; }
+
+struct fake_clock {
+  replay_cache::clock::time_point t{};
+  auto fn() {
+    return [this] { return t; };
+  }
+};
+
+TEST(ReplayCache, KeepsTerminalRecordsOnly) {
+  fake_clock c;
+  replay_cache cache(1 << 20, 60s, c.fn());
+  cache.put(id("a"), terminal("a"));
+  cache.put(id("f"), terminal("f", record_state::failed));
+  cache.put(id("p"), terminal("p", record_state::in_progress));
+  cache.put(id("r"), terminal("r", record_state::retryable));
+  ASSERT_NE(cache.find(id("a")), nullptr);
+  EXPECT_EQ(cache.find(id("a"))->recorded.body, "a");
+  EXPECT_EQ(cache.find(id("a"))->fingerprint, "fp-a");
+  EXPECT_NE(cache.find(id("f")), nullptr);
+  EXPECT_EQ(cache.find(id("p")), nullptr) << "a record that can still change was kept";
+  EXPECT_EQ(cache.find(id("r")), nullptr) << "a record that can still change was kept";
+  EXPECT_EQ(cache.size(), 2U);
+}
+
+TEST(ReplayCache, ScopeAndKeyNeverRunTogether) {
+  fake_clock c;
+  replay_cache cache(1 << 20, 60s, c.fn());
+  cache.put({"ab", "c", "fp"}, terminal("ab/c"));
+  EXPECT_EQ(cache.find({"a", "bc", "fp"}), nullptr);
+  EXPECT_NE(cache.find({"ab", "c", "fp"}), nullptr);
+}
+
+TEST(ReplayCache, AnEntryAnswersForTheTtlOnly) {
+  fake_clock c;
+  replay_cache cache(1 << 20, 10s, c.fn());
+  cache.put(id("a"), terminal("a"));
+  c.t += 9s;
+  EXPECT_NE(cache.find(id("a")), nullptr);
+  c.t += 1s;
+  EXPECT_EQ(cache.find(id("a")), nullptr) << "answered past its ttl";
+  EXPECT_EQ(cache.size(), 0U) << "an expired entry is dropped when met";
+  EXPECT_EQ(cache.bytes(), 0U);
+}
+
+TEST(ReplayCache, StaysWithinItsBytesDroppingTheLeastRecentlyUsed) {
+  fake_clock c;
+  replay_cache probe(1 << 20, 60s, c.fn());
+  probe.put(id("k0"), terminal(std::string(1000, 'x')));
+  const std::size_t one = probe.bytes();
+  ASSERT_GT(one, 1000U);
+
+  replay_cache cache(3 * one, 60s, c.fn());
+  for (const char* k : {"k0", "k1", "k2"}) cache.put(id(k), terminal(std::string(1000, 'x')));
+  EXPECT_EQ(cache.size(), 3U);
+  ASSERT_NE(cache.find(id("k0")), nullptr);  // k0 is now the most recently used
+  cache.put(id("k3"), terminal(std::string(1000, 'x')));
+  EXPECT_LE(cache.bytes(), 3 * one);
+  EXPECT_EQ(cache.find(id("k1")), nullptr) << "the least recently used entry stayed";
+  EXPECT_NE(cache.find(id("k0")), nullptr);
+  EXPECT_NE(cache.find(id("k2")), nullptr);
+  EXPECT_NE(cache.find(id("k3")), nullptr);
+
+  // Putting a key again replaces it, and counts it once.
+  cache.put(id("k3"), terminal(std::string(1000, 'y')));
+  EXPECT_EQ(cache.size(), 3U);
+  EXPECT_EQ(cache.find(id("k3"))->recorded.body, std::string(1000, 'y'));
+  EXPECT_LE(cache.bytes(), 3 * one);
+
+  // A record larger than the whole cache is not kept, and evicts nothing.
+  cache.put(id("big"), terminal(std::string(4 * one, 'z')));
+  EXPECT_EQ(cache.find(id("big")), nullptr);
+  EXPECT_EQ(cache.size(), 3U);
+
+  cache.clear();
+  EXPECT_EQ(cache.size(), 0U);
+  EXPECT_EQ(cache.bytes(), 0U);
+  EXPECT_EQ(cache.find(id("k0")), nullptr);
+}
+
+}  // namespace
+}  // namespace orpheus::detail
