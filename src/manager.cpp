@@ -280,9 +280,10 @@ response manager::run(const request_id& id, const detail::phases& p,
   // changed the record between our read and our write.
   for (int round = 0; round < 8; ++round) {
     // 1. Replay fast path: one read, no transaction, no lock.
+    const std::uint64_t read_at = replay_cache_ ? replay_cache_->generation() : 0;
     std::optional<record> seen = store_.read(id);
     if (seen) {
-      if (replay_cache_) replay_cache_->put(id, *seen);  // terminal ones only
+      if (replay_cache_) replay_cache_->put(id, *seen, read_at);  // terminal ones only
       if (seen->fingerprint != id.fingerprint) throw_mismatch();
       if (is_terminal(seen->state)) return replay_of(*seen);
       if (lease_is_live(*seen)) {
@@ -510,10 +511,17 @@ response manager::run(const request_id& id, const detail::phases& p,
 
 std::size_t manager::purge_expired(std::size_t batch_limit) {
   std::size_t n = 0;
-  for (std::size_t s = 0; s < store_.shard_count(); ++s) {
-    n += store_.purge_expired(s, batch_limit);
+  // Which keys went is not known here: forget every remembered record once
+  // any may have gone, also when a shard fails part way (its statement may
+  // have deleted rows before failing).
+  try {
+    for (std::size_t s = 0; s < store_.shard_count(); ++s) {
+      n += store_.purge_expired(s, batch_limit);
+    }
+  } catch (...) {
+    if (replay_cache_) replay_cache_->clear();
+    throw;
   }
-  // Which keys went is not known here: forget them all.
   if (n > 0 && replay_cache_) replay_cache_->clear();
   return n;
 }

@@ -43,8 +43,11 @@ int http_status_of(const error_info& e) noexcept {
   if (e.http_status && *e.http_status >= 400 && *e.http_status <= 599) {
     status = *e.http_status;
   } else {
+    // Only as the library emits it: a handler's own final failure named
+    // gateway_error stays a 422, never a 502 that clients would retry.
+    const code_info* known = find_code(e.code);
     for (const auto& [code, s] : kByCode) {
-      if (e.code == code) status = s;
+      if (e.code == code && known != nullptr && known->usual == e.kind) status = s;
     }
   }
   // "Try again later": a client does not retry other 4xx answers.

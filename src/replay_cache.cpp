@@ -43,7 +43,12 @@ std::shared_ptr<const replay_cache::entry> replay_cache::find(const request_id& 
   return it->value;
 }
 
-void replay_cache::put(const request_id& id, const record& r) {
+std::uint64_t replay_cache::generation() const {
+  std::lock_guard lock(mu_);
+  return generation_;
+}
+
+void replay_cache::put(const request_id& id, const record& r, std::uint64_t read_at) {
   if (!is_terminal(r.state)) return;
   std::string k = key_of(id);
   const std::size_t n = bytes_of(k, r);
@@ -51,6 +56,7 @@ void replay_cache::put(const request_id& id, const record& r) {
   auto value = std::make_shared<const entry>(entry{r.fingerprint, r.recorded});
   const auto expires = now_() + ttl_;
   std::lock_guard lock(mu_);
+  if (read_at != generation_) return;  // read before a purge: it may be gone
   if (const auto at = index_.find(k); at != index_.end()) erase(at->second);
   while (bytes_ + n > max_bytes_ && !lru_.empty()) erase(std::prev(lru_.end()));
   lru_.push_front(node{k, std::move(value), expires, n});
@@ -63,6 +69,7 @@ void replay_cache::clear() {
   index_.clear();
   lru_.clear();
   bytes_ = 0;
+  ++generation_;
 }
 
 std::size_t replay_cache::size() const {

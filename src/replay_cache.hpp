@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
@@ -43,9 +44,14 @@ class replay_cache {
   /// The remembered record of `id`, or nullptr (never seen, evicted, or older
   /// than the ttl).
   [[nodiscard]] std::shared_ptr<const entry> find(const request_id& id);
-  /// Remembers `r` when it is terminal and fits in max_bytes on its own;
-  /// evicts the least recently used entries to make room.
-  void put(const request_id& id, const record& r);
+  /// Bumped by clear(). Read it before reading a record from the store, and
+  /// pass it to put(): a record read before a purge is then not remembered
+  /// after it.
+  [[nodiscard]] std::uint64_t generation() const;
+  /// Remembers `r` when it is terminal, fits in max_bytes on its own, and no
+  /// clear() happened since `read_at` (a generation()); evicts the least
+  /// recently used entries to make room.
+  void put(const request_id& id, const record& r, std::uint64_t read_at);
   void clear();
 
   [[nodiscard]] std::size_t size() const;
@@ -67,6 +73,7 @@ class replay_cache {
   std::list<node> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<node>::iterator> index_;
   std::size_t bytes_ = 0;
+  std::uint64_t generation_ = 0;
 };
 
 }  // namespace orpheus::detail

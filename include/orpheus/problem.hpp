@@ -18,7 +18,8 @@ namespace orpheus {
 /// The HTTP status for `e`, in this order:
 ///  1. e.http_status, when a handler or an adapter chose one from 400 to 599
 ///     (a failure is never answered 2xx, nor with a status HTTP has not);
-///  2. the library codes whose status is not their class's: fingerprint_mismatch
+///  2. the library codes, made with the class the library gives them
+///     (orpheus/codes.hpp), whose status is not their class's: fingerprint_mismatch
 ///     422, unauthenticated 401, downstream_timeout and gateway_timeout 504,
 ///     downstream_closed, gateway_error and charge_status_unknown 502,
 ///     card_declined 402;

@@ -1004,6 +1004,73 @@ TEST_P(Conformance, ReplayCacheAnswersFromMemoryUntilAPurgeHere) {
   EXPECT_EQ(runs, 3);
 }
 
+// Found in review: a record read just before a purge by this manager was put
+// into memory just after the purge emptied it, and answered replays of a key
+// the manager had purged. The purge runs here between the read and the put.
+TEST_P(Conformance, ReplayCacheDoesNotKeepARecordReadBeforeAPurge) {
+  config cfg;
+  cfg.replay_cache_bytes = 1 << 20;
+  test::forwarding_store fs(*store_);
+  manager m(fs, cfg);
+  int runs = 0;
+  auto run = [&] {
+    return m.process(
+        id("read-before-purge"), [](tx&) { return 1; },
+        [&](const attempt&, int) { return "charged " + std::to_string(++runs); },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        },
+        process_options{.retention = 0ms});
+  };
+  EXPECT_FALSE(run().replayed);
+  std::this_thread::sleep_for(5ms);  // SQLite's clock counts milliseconds: be past "expires"
+  std::size_t purged = 0;
+  bool fired = false;
+  fs.after_read = [&] {
+    if (fired) return;
+    fired = true;
+    purged = m.purge_expired(1000);
+  };
+  EXPECT_EQ(run().body, "charged 1");  // read before the purge: a replay
+  ASSERT_GE(purged, 1U);
+  ASSERT_FALSE(store_->inspect(id("read-before-purge")));
+  const auto after = run();
+  EXPECT_FALSE(after.replayed) << "a key this manager purged was answered from memory";
+  EXPECT_EQ(runs, 2);
+}
+
+// Found in review: a purge that failed part way (a shard down) left memory
+// as it was, although rows may have gone. Here the row was purged by another
+// manager, and this manager's own purge fails at its COMMIT.
+TEST_P(Conformance, ReplayCacheIsEmptiedByAPurgeThatFails) {
+  config cfg;
+  cfg.replay_cache_bytes = 1 << 20;
+  test::forwarding_store fs(*store_);
+  manager m(fs, cfg);
+  manager plain(*store_);
+  int runs = 0;
+  auto run = [&] {
+    return m.process(
+        id("failed-purge"), [](tx&) { return 1; },
+        [&](const attempt&, int) { return "charged " + std::to_string(++runs); },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        },
+        process_options{.retention = 0ms});
+  };
+  run();
+  EXPECT_TRUE(run().replayed);  // read back: remembered
+  std::this_thread::sleep_for(5ms);
+  ASSERT_GE(plain.purge_expired(1000), 1U);
+  fs.before_commit = [](int, transaction&) {
+    throw storage_error::transient("injected: the shard went away");
+  };
+  EXPECT_THROW(m.purge_expired(1000), storage_error);
+  fs.before_commit = nullptr;
+  EXPECT_FALSE(run().replayed) << "a failed purge left a purged key in memory";
+  EXPECT_EQ(runs, 2);
+}
+
 // Records that can still change are never remembered: a key in progress or
 // retryable is read from the database every time.
 TEST_P(Conformance, ReplayCacheKeepsNoUnfinishedRecord) {

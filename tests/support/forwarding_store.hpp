@@ -19,6 +19,9 @@ struct forwarding_hooks {
   /// Called with the transaction's number (0-based, in begin() order) right
   /// before its COMMIT.
   std::function<void(int, transaction&)> before_commit;
+  /// Called when the fast-path read has returned its rows, before the
+  /// library sees them.
+  std::function<void()> after_read;
 };
 
 class forwarding_backend final : public store_backend {
@@ -37,7 +40,9 @@ class forwarding_backend final : public store_backend {
   sql_rows read(std::size_t shard, std::string_view sql,
                 std::span<const sql_value> params) override {
     note(sql);
-    return inner_.read(shard, sql, params);
+    auto rows = inner_.read(shard, sql, params);
+    if (hooks_->after_read && sql == sql_.read_fast) hooks_->after_read();
+    return rows;
   }
   void exclusively(std::size_t shard, const std::function<void(tx&)>& f) override {
     inner_.exclusively(shard, f);
@@ -106,12 +111,14 @@ class forwarding_store : public store {
 
   std::function<void(std::string_view)>& on_statement;
   std::function<void(int, transaction&)>& before_commit;
+  std::function<void()>& after_read;
 
  private:
   forwarding_store(store& inner, const std::shared_ptr<forwarding_hooks>& hooks)
       : store(std::make_unique<forwarding_backend>(inner, hooks)),
         on_statement(hooks->on_statement),
         before_commit(hooks->before_commit),
+        after_read(hooks->after_read),
         hooks_(hooks) {}
 
   std::shared_ptr<forwarding_hooks> hooks_;

@@ -131,6 +131,12 @@ TEST(Codes, HttpStatusOfHonoursTheHandlersStatus) {
   EXPECT_EQ(http_status_of(retryable_error("busy", "m", 409).info()), 409);
   EXPECT_EQ(http_status_of(retryable_error("odd", "m", 404).info()), 503);
   EXPECT_EQ(http_status_of(retryable_error("bad_gateway", "m", 502).info()), 502);
+  // A library code's own status goes with the class the library gives it: a
+  // handler's final failure named gateway_error is not a 502 (found in review).
+  EXPECT_EQ(http_status_of(non_retryable_error(codes::gateway_error, "m").info()), 422);
+  EXPECT_EQ(http_status_of(error_info::of(error_class::in_doubt, codes::gateway_error, "m")), 502);
+  EXPECT_EQ(http_status_of(error_info::of(error_class::internal, codes::unauthenticated, "m")),
+            500);
   // A failure is never answered as a success, nor with a status HTTP has not.
   EXPECT_EQ(http_status_of(non_retryable_error("odd", "m", 200).info()), 422);
   EXPECT_EQ(http_status_of(non_retryable_error("odd", "m", 0).info()), 422);

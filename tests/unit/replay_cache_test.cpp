@@ -33,10 +33,10 @@ struct fake_clock {
 TEST(ReplayCache, KeepsTerminalRecordsOnly) {
   fake_clock c;
   replay_cache cache(1 << 20, 60s, c.fn());
-  cache.put(id("a"), terminal("a"));
-  cache.put(id("f"), terminal("f", record_state::failed));
-  cache.put(id("p"), terminal("p", record_state::in_progress));
-  cache.put(id("r"), terminal("r", record_state::retryable));
+  cache.put(id("a"), terminal("a"), cache.generation());
+  cache.put(id("f"), terminal("f", record_state::failed), cache.generation());
+  cache.put(id("p"), terminal("p", record_state::in_progress), cache.generation());
+  cache.put(id("r"), terminal("r", record_state::retryable), cache.generation());
   ASSERT_NE(cache.find(id("a")), nullptr);
   EXPECT_EQ(cache.find(id("a"))->recorded.body, "a");
   EXPECT_EQ(cache.find(id("a"))->fingerprint, "fp-a");
@@ -46,10 +46,23 @@ TEST(ReplayCache, KeepsTerminalRecordsOnly) {
   EXPECT_EQ(cache.size(), 2U);
 }
 
+// A record read before a purge (clear()) is not remembered after it: the row
+// it came from may be gone.
+TEST(ReplayCache, ARecordReadBeforeAClearIsNotKept) {
+  fake_clock c;
+  replay_cache cache(1 << 20, 60s, c.fn());
+  const auto read_at = cache.generation();
+  cache.clear();
+  cache.put(id("a"), terminal("a"), read_at);
+  EXPECT_EQ(cache.find(id("a")), nullptr);
+  cache.put(id("a"), terminal("a"), cache.generation());
+  EXPECT_NE(cache.find(id("a")), nullptr);
+}
+
 TEST(ReplayCache, ScopeAndKeyNeverRunTogether) {
   fake_clock c;
   replay_cache cache(1 << 20, 60s, c.fn());
-  cache.put({"ab", "c", "fp"}, terminal("ab/c"));
+  cache.put({"ab", "c", "fp"}, terminal("ab/c"), cache.generation());
   EXPECT_EQ(cache.find({"a", "bc", "fp"}), nullptr);
   EXPECT_NE(cache.find({"ab", "c", "fp"}), nullptr);
 }
@@ -57,7 +70,7 @@ TEST(ReplayCache, ScopeAndKeyNeverRunTogether) {
 TEST(ReplayCache, AnEntryAnswersForTheTtlOnly) {
   fake_clock c;
   replay_cache cache(1 << 20, 10s, c.fn());
-  cache.put(id("a"), terminal("a"));
+  cache.put(id("a"), terminal("a"), cache.generation());
   c.t += 9s;
   EXPECT_NE(cache.find(id("a")), nullptr);
   c.t += 1s;
@@ -69,15 +82,16 @@ TEST(ReplayCache, AnEntryAnswersForTheTtlOnly) {
 TEST(ReplayCache, StaysWithinItsBytesDroppingTheLeastRecentlyUsed) {
   fake_clock c;
   replay_cache probe(1 << 20, 60s, c.fn());
-  probe.put(id("k0"), terminal(std::string(1000, 'x')));
+  probe.put(id("k0"), terminal(std::string(1000, 'x')), probe.generation());
   const std::size_t one = probe.bytes();
   ASSERT_GT(one, 1000U);
 
   replay_cache cache(3 * one, 60s, c.fn());
-  for (const char* k : {"k0", "k1", "k2"}) cache.put(id(k), terminal(std::string(1000, 'x')));
+  for (const char* k : {"k0", "k1", "k2"})
+    cache.put(id(k), terminal(std::string(1000, 'x')), cache.generation());
   EXPECT_EQ(cache.size(), 3U);
   ASSERT_NE(cache.find(id("k0")), nullptr);  // k0 is now the most recently used
-  cache.put(id("k3"), terminal(std::string(1000, 'x')));
+  cache.put(id("k3"), terminal(std::string(1000, 'x')), cache.generation());
   EXPECT_LE(cache.bytes(), 3 * one);
   EXPECT_EQ(cache.find(id("k1")), nullptr) << "the least recently used entry stayed";
   EXPECT_NE(cache.find(id("k0")), nullptr);
@@ -85,13 +99,13 @@ TEST(ReplayCache, StaysWithinItsBytesDroppingTheLeastRecentlyUsed) {
   EXPECT_NE(cache.find(id("k3")), nullptr);
 
   // Putting a key again replaces it, and counts it once.
-  cache.put(id("k3"), terminal(std::string(1000, 'y')));
+  cache.put(id("k3"), terminal(std::string(1000, 'y')), cache.generation());
   EXPECT_EQ(cache.size(), 3U);
   EXPECT_EQ(cache.find(id("k3"))->recorded.body, std::string(1000, 'y'));
   EXPECT_LE(cache.bytes(), 3 * one);
 
   // A record larger than the whole cache is not kept, and evicts nothing.
-  cache.put(id("big"), terminal(std::string(4 * one, 'z')));
+  cache.put(id("big"), terminal(std::string(4 * one, 'z')), cache.generation());
   EXPECT_EQ(cache.find(id("big")), nullptr);
   EXPECT_EQ(cache.size(), 3U);
 
