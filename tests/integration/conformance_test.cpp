@@ -92,6 +92,18 @@ class Conformance : public testing::TestWithParam<std::string> {
     return c;
   }
 
+  // A request whose RPC counts its runs and answers "charged N". Its record
+  // expires at once, so the next purge takes it (the replay cache tests).
+  static response charge_expiring(manager& m, const request_id& rid, int& runs) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt&, int) { return "charged " + std::to_string(++runs); },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        },
+        process_options{.retention = 0ms});
+  }
+
   request_id id(const std::string& key, const std::string& body = "amount=100") const {
     return {scope_, key, fingerprint_of(body)};
   }
@@ -961,18 +973,7 @@ TEST_P(Conformance, ReplayCacheAnswersFromMemoryUntilAPurgeHere) {
   manager cached(*store_, cfg);
   manager plain(*store_);
   int runs = 0;
-  auto run = [&](manager& m, const request_id& rid) {
-    return m.process(
-        rid, [](tx&) { return 1; },
-        [&](const attempt&, int) {
-          ++runs;
-          return std::string("charged ") + std::to_string(runs);
-        },
-        [](tx&, const attempt&, const std::string& v) {
-          return response{201, {}, v};
-        },
-        process_options{.retention = 0ms});  // expired at once: the next purge takes it
-  };
+  auto run = [&](manager& m, const request_id& rid) { return charge_expiring(m, rid, runs); };
   const auto rid = id("cached");
   EXPECT_FALSE(run(cached, rid).replayed);
   EXPECT_TRUE(run(cached, rid).replayed);  // read from the database, and remembered
@@ -1013,15 +1014,7 @@ TEST_P(Conformance, ReplayCacheDoesNotKeepARecordReadBeforeAPurge) {
   test::forwarding_store fs(*store_);
   manager m(fs, cfg);
   int runs = 0;
-  auto run = [&] {
-    return m.process(
-        id("read-before-purge"), [](tx&) { return 1; },
-        [&](const attempt&, int) { return "charged " + std::to_string(++runs); },
-        [](tx&, const attempt&, const std::string& v) {
-          return response{201, {}, v};
-        },
-        process_options{.retention = 0ms});
-  };
+  auto run = [&] { return charge_expiring(m, id("read-before-purge"), runs); };
   EXPECT_FALSE(run().replayed);
   std::this_thread::sleep_for(5ms);  // SQLite's clock counts milliseconds: be past "expires"
   std::size_t purged = 0;
@@ -1049,15 +1042,7 @@ TEST_P(Conformance, ReplayCacheIsEmptiedByAPurgeThatFails) {
   manager m(fs, cfg);
   manager plain(*store_);
   int runs = 0;
-  auto run = [&] {
-    return m.process(
-        id("failed-purge"), [](tx&) { return 1; },
-        [&](const attempt&, int) { return "charged " + std::to_string(++runs); },
-        [](tx&, const attempt&, const std::string& v) {
-          return response{201, {}, v};
-        },
-        process_options{.retention = 0ms});
-  };
+  auto run = [&] { return charge_expiring(m, id("failed-purge"), runs); };
   run();
   EXPECT_TRUE(run().replayed);  // read back: remembered
   std::this_thread::sleep_for(5ms);
