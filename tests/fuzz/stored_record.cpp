@@ -1,9 +1,16 @@
 // Reading a stored idempotency record: detail::record_from_row(), which both
-// backends use to turn a SELECT of orpheus_records into a record.
+// backends use to turn a SELECT of orpheus_records into a record, and
+// detail::record_from_fast_row(), the replay fast path's reader of the packed
+// SELECT (one text column of numbers, fingerprint and owner; headers; body).
 //
 // Input: "fast\n" or "full\n", then one line per column in the order of
 // record_columns_fast, "now" and record_columns_rest: "n" (NULL), "i<int>",
-// "d<double>" or "s<text>". Missing columns are NULL.
+// "d<double>" or "s<text>". Missing columns are NULL. Or "packed\n", then
+// the fast path's three columns, the same way.
+//
+// Properties of the packed reader: only a non-retryable storage_error
+// escapes; a record read, packed again as the SELECT packs it, reads back the
+// same; body and headers as for record_from_row().
 //
 // Properties:
 //  - a row it cannot read (the headers column is not the JSON finish()
@@ -76,10 +83,48 @@ std::string stored_headers(const std::vector<std::pair<std::string, std::string>
   return nlohmann::json(headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// What the fast path's SELECT packs into its first column for `r`.
+std::string packed(const orpheus::record& r) {
+  return std::to_string(static_cast<int>(r.state)) + " " + std::to_string(r.attempts) + " " +
+         std::to_string(r.lease_expires_us) + " " + std::to_string(r.recorded.status) + " " +
+         std::to_string(r.db_now_us) + " " + r.fingerprint + " " + r.lease_owner;
+}
+
+void fuzz_packed(orpheus::sql_row row) {
+  row.values.resize(3, nullptr);
+  orpheus::record r;
+  try {
+    r = orpheus::detail::record_from_fast_row(row);
+  } catch (const orpheus::storage_error& e) {
+    FUZZ_CHECK(!e.retryable(), e.what());
+    return;
+  }
+  FUZZ_CHECK(r.recorded.body == text_of(row.values[2]), shown(r.recorded.body));
+  FUZZ_CHECK(r.fingerprint.find(' ') == std::string::npos, shown(r.fingerprint));
+  orpheus::sql_row again_row;
+  again_row.values = {packed(r), stored_headers(r.recorded.headers), row.values[2]};
+  const auto again = orpheus::detail::record_from_fast_row(again_row);
+  FUZZ_CHECK(again.state == r.state && again.attempts == r.attempts &&
+                 again.lease_expires_us == r.lease_expires_us &&
+                 again.recorded.status == r.recorded.status && again.db_now_us == r.db_now_us &&
+                 again.fingerprint == r.fingerprint && again.lease_owner == r.lease_owner,
+             "packed again, " + shown(packed(r)) + " reads as " + shown(packed(again)));
+  FUZZ_CHECK(again.recorded.headers == r.recorded.headers,
+             "headers " + shown(text_of(row.values[1])) + " do not read back as written");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   auto lines = orpheus::fuzz::split(orpheus::fuzz::text_of(data, size), "\n", all_columns + 1);
+  if (lines[0] == "packed") {
+    orpheus::sql_row row;
+    for (std::size_t i = 1; i < lines.size() && i <= 3; ++i) {
+      row.values.push_back(column_of(lines[i]));
+    }
+    fuzz_packed(std::move(row));
+    return 0;
+  }
   const bool full = lines[0] == "full";
   orpheus::sql_row row;
   for (std::size_t i = 1; i < lines.size(); ++i) row.values.push_back(column_of(lines[i]));
