@@ -5,9 +5,9 @@
 // it is purged, so a copy answers a replay exactly as the database would, and
 // only records read back from the database are kept (they are durable). What
 // a copy cannot see is a purge by another process, or a row deleted by hand:
-// each entry answers for at most `ttl`, and a purge in this process empties
-// the cache. A key whose record was purged is then answered from memory for
-// up to `ttl` longer, never run again early.
+// each entry answers for at most `ttl`, and a purge in this process that
+// deleted rows (or failed part way) empties the cache. A key whose record was purged is then
+// answered from memory for up to `ttl` longer, never run again early.
 //
 // Thread safety: every member may be called from any number of threads.
 #pragma once

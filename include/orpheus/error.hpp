@@ -119,8 +119,8 @@ class retryable_error : public error {
 
 /// A failure that will not go away by retrying: bad input, a business refusal
 /// (card declined). When it comes out of the RPC it is recorded and replayed
-/// for the key's lifetime. Class rejected (HTTP 422 unless `http_status`
-/// says otherwise).
+/// for the key's lifetime. Class rejected (HTTP: `http_status` when given,
+/// else what http_status_of() gives its code, usually 422).
 class non_retryable_error : public error {
  public:
   non_retryable_error(std::string_view code, std::string message,

@@ -116,7 +116,8 @@ class gateway {
 };
 
 /// The charge id. Throws orpheus::error classified as above; a retryable
-/// error has in_doubt set when a charge under the downstream key may exist.
+/// error is of class in_doubt when a charge under the downstream key may
+/// exist.
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         std::string_view step = "charge");
 
