@@ -40,11 +40,12 @@ lease_terms terms_of(const config& c) {
                   .with_retry_after(std::chrono::milliseconds(ms)));
 }
 
-response replay_of(const record& r) {
-  response out = r.recorded;
-  out.replayed = true;
-  return out;
+response replayed(response r) {
+  r.replayed = true;
+  return r;
 }
+
+response replay_of(const record& r) { return replayed(r.recorded); }
 
 bool lease_is_live(const record& r) {
   return r.state == record_state::in_progress && r.lease_expires_us > r.db_now_us;
@@ -267,20 +268,21 @@ response manager::run(const request_id& id, const detail::phases& p,
   auto poll = 5ms;
 
   // 0. A terminal record this process read before (config::replay_cache_bytes).
+  // On a miss, `read_at` keeps a record read after a purge here out of it.
+  std::uint64_t read_at = 0;
   if (replay_cache_) {
-    if (const auto known = replay_cache_->find(id)) {
-      if (known->fingerprint != id.fingerprint) throw_mismatch();
-      response out = known->recorded;
-      out.replayed = true;
-      return out;
+    const auto known = replay_cache_->find(id);
+    if (known.hit) {
+      if (known.hit->fingerprint != id.fingerprint) throw_mismatch();
+      return replayed(known.hit->recorded);
     }
+    read_at = known.generation;
   }
 
   // A few rounds at most: a round ends early only when another request
   // changed the record between our read and our write.
   for (int round = 0; round < 8; ++round) {
     // 1. Replay fast path: one read, no transaction, no lock.
-    const std::uint64_t read_at = replay_cache_ ? replay_cache_->generation() : 0;
     std::optional<record> seen = store_.read(id);
     if (seen) {
       if (replay_cache_) replay_cache_->put(id, *seen, read_at);  // terminal ones only

@@ -42,12 +42,11 @@ int http_status_of(const error_info& e) noexcept {
   int status = status_of_class(e.kind);
   if (e.http_status && *e.http_status >= 400 && *e.http_status <= 599) {
     status = *e.http_status;
-  } else {
+  } else if (const code_info* known = find_code(e.code); known && known->usual == e.kind) {
     // Only as the library emits it: a handler's own final failure named
     // gateway_error stays a 422, never a 502 that clients would retry.
-    const code_info* known = find_code(e.code);
     for (const auto& [code, s] : kByCode) {
-      if (e.code == code && known != nullptr && known->usual == e.kind) status = s;
+      if (e.code == code) status = s;
     }
   }
   // "Try again later": a client does not retry other 4xx answers.

@@ -28,19 +28,19 @@ replay_cache::replay_cache(std::size_t max_bytes, std::chrono::milliseconds ttl,
                            std::function<clock::time_point()> now)
     : max_bytes_(max_bytes), ttl_(ttl), now_(std::move(now)) {}
 
-std::shared_ptr<const replay_cache::entry> replay_cache::find(const request_id& id) {
+replay_cache::lookup replay_cache::find(const request_id& id) {
   const std::string k = key_of(id);
   const auto t = now_();
   std::lock_guard lock(mu_);
   const auto at = index_.find(k);
-  if (at == index_.end()) return nullptr;
+  if (at == index_.end()) return {nullptr, generation_};
   const auto it = at->second;
   if (t >= it->expires) {
     erase(it);
-    return nullptr;
+    return {nullptr, generation_};
   }
   lru_.splice(lru_.begin(), lru_, it);
-  return it->value;
+  return {it->value, generation_};
 }
 
 std::uint64_t replay_cache::generation() const {

@@ -41,9 +41,15 @@ class replay_cache {
   replay_cache(std::size_t max_bytes, std::chrono::milliseconds ttl,
                std::function<clock::time_point()> now = clock::now);
 
-  /// The remembered record of `id`, or nullptr (never seen, evicted, or older
-  /// than the ttl).
-  [[nodiscard]] std::shared_ptr<const entry> find(const request_id& id);
+  struct lookup {
+    /// The remembered record, or nullptr (never seen, evicted, or older than
+    /// the ttl).
+    std::shared_ptr<const entry> hit;
+    /// generation() at the lookup: on a miss, pass it to put() with what
+    /// the store read afterwards.
+    std::uint64_t generation = 0;
+  };
+  [[nodiscard]] lookup find(const request_id& id);
   /// Bumped by clear(). Read it before reading a record from the store, and
   /// pass it to put(): a record read before a purge is then not remembered
   /// after it.

@@ -37,12 +37,12 @@ TEST(ReplayCache, KeepsTerminalRecordsOnly) {
   cache.put(id("f"), terminal("f", record_state::failed), cache.generation());
   cache.put(id("p"), terminal("p", record_state::in_progress), cache.generation());
   cache.put(id("r"), terminal("r", record_state::retryable), cache.generation());
-  ASSERT_NE(cache.find(id("a")), nullptr);
-  EXPECT_EQ(cache.find(id("a"))->recorded.body, "a");
-  EXPECT_EQ(cache.find(id("a"))->fingerprint, "fp-a");
-  EXPECT_NE(cache.find(id("f")), nullptr);
-  EXPECT_EQ(cache.find(id("p")), nullptr) << "a record that can still change was kept";
-  EXPECT_EQ(cache.find(id("r")), nullptr) << "a record that can still change was kept";
+  ASSERT_NE(cache.find(id("a")).hit, nullptr);
+  EXPECT_EQ(cache.find(id("a")).hit->recorded.body, "a");
+  EXPECT_EQ(cache.find(id("a")).hit->fingerprint, "fp-a");
+  EXPECT_NE(cache.find(id("f")).hit, nullptr);
+  EXPECT_EQ(cache.find(id("p")).hit, nullptr) << "a record that can still change was kept";
+  EXPECT_EQ(cache.find(id("r")).hit, nullptr) << "a record that can still change was kept";
   EXPECT_EQ(cache.size(), 2U);
 }
 
@@ -51,20 +51,23 @@ TEST(ReplayCache, KeepsTerminalRecordsOnly) {
 TEST(ReplayCache, ARecordReadBeforeAClearIsNotKept) {
   fake_clock c;
   replay_cache cache(1 << 20, 60s, c.fn());
-  const auto read_at = cache.generation();
+  // As the manager does it: a miss says the generation its store read is at.
+  const auto miss = cache.find(id("a"));
+  ASSERT_EQ(miss.hit, nullptr);
+  EXPECT_EQ(miss.generation, cache.generation());
   cache.clear();
-  cache.put(id("a"), terminal("a"), read_at);
-  EXPECT_EQ(cache.find(id("a")), nullptr);
-  cache.put(id("a"), terminal("a"), cache.generation());
-  EXPECT_NE(cache.find(id("a")), nullptr);
+  cache.put(id("a"), terminal("a"), miss.generation);
+  EXPECT_EQ(cache.find(id("a")).hit, nullptr);
+  cache.put(id("a"), terminal("a"), cache.find(id("a")).generation);
+  EXPECT_NE(cache.find(id("a")).hit, nullptr);
 }
 
 TEST(ReplayCache, ScopeAndKeyNeverRunTogether) {
   fake_clock c;
   replay_cache cache(1 << 20, 60s, c.fn());
   cache.put({"ab", "c", "fp"}, terminal("ab/c"), cache.generation());
-  EXPECT_EQ(cache.find({"a", "bc", "fp"}), nullptr);
-  EXPECT_NE(cache.find({"ab", "c", "fp"}), nullptr);
+  EXPECT_EQ(cache.find({"a", "bc", "fp"}).hit, nullptr);
+  EXPECT_NE(cache.find({"ab", "c", "fp"}).hit, nullptr);
 }
 
 TEST(ReplayCache, AnEntryAnswersForTheTtlOnly) {
@@ -72,9 +75,9 @@ TEST(ReplayCache, AnEntryAnswersForTheTtlOnly) {
   replay_cache cache(1 << 20, 10s, c.fn());
   cache.put(id("a"), terminal("a"), cache.generation());
   c.t += 9s;
-  EXPECT_NE(cache.find(id("a")), nullptr);
+  EXPECT_NE(cache.find(id("a")).hit, nullptr);
   c.t += 1s;
-  EXPECT_EQ(cache.find(id("a")), nullptr) << "answered past its ttl";
+  EXPECT_EQ(cache.find(id("a")).hit, nullptr) << "answered past its ttl";
   EXPECT_EQ(cache.size(), 0U) << "an expired entry is dropped when met";
   EXPECT_EQ(cache.bytes(), 0U);
 }
@@ -90,29 +93,29 @@ TEST(ReplayCache, StaysWithinItsBytesDroppingTheLeastRecentlyUsed) {
   for (const char* k : {"k0", "k1", "k2"})
     cache.put(id(k), terminal(std::string(1000, 'x')), cache.generation());
   EXPECT_EQ(cache.size(), 3U);
-  ASSERT_NE(cache.find(id("k0")), nullptr);  // k0 is now the most recently used
+  ASSERT_NE(cache.find(id("k0")).hit, nullptr);  // k0 is now the most recently used
   cache.put(id("k3"), terminal(std::string(1000, 'x')), cache.generation());
   EXPECT_LE(cache.bytes(), 3 * one);
-  EXPECT_EQ(cache.find(id("k1")), nullptr) << "the least recently used entry stayed";
-  EXPECT_NE(cache.find(id("k0")), nullptr);
-  EXPECT_NE(cache.find(id("k2")), nullptr);
-  EXPECT_NE(cache.find(id("k3")), nullptr);
+  EXPECT_EQ(cache.find(id("k1")).hit, nullptr) << "the least recently used entry stayed";
+  EXPECT_NE(cache.find(id("k0")).hit, nullptr);
+  EXPECT_NE(cache.find(id("k2")).hit, nullptr);
+  EXPECT_NE(cache.find(id("k3")).hit, nullptr);
 
   // Putting a key again replaces it, and counts it once.
   cache.put(id("k3"), terminal(std::string(1000, 'y')), cache.generation());
   EXPECT_EQ(cache.size(), 3U);
-  EXPECT_EQ(cache.find(id("k3"))->recorded.body, std::string(1000, 'y'));
+  EXPECT_EQ(cache.find(id("k3")).hit->recorded.body, std::string(1000, 'y'));
   EXPECT_LE(cache.bytes(), 3 * one);
 
   // A record larger than the whole cache is not kept, and evicts nothing.
   cache.put(id("big"), terminal(std::string(4 * one, 'z')), cache.generation());
-  EXPECT_EQ(cache.find(id("big")), nullptr);
+  EXPECT_EQ(cache.find(id("big")).hit, nullptr);
   EXPECT_EQ(cache.size(), 3U);
 
   cache.clear();
   EXPECT_EQ(cache.size(), 0U);
   EXPECT_EQ(cache.bytes(), 0U);
-  EXPECT_EQ(cache.find(id("k0")), nullptr);
+  EXPECT_EQ(cache.find(id("k0")).hit, nullptr);
 }
 
 }  // namespace
