@@ -3,7 +3,6 @@
 #include <openssl/rand.h>
 
 #include <array>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <vector>
