@@ -24,6 +24,7 @@ constexpr std::array registry{
     code_info{codes::commit_in_doubt, in_doubt, "core"},
     code_info{codes::attempts_exhausted, internal, "core"},
     code_info{codes::retry_window_exhausted, internal, "core"},
+    code_info{codes::request_parked, unavailable, "core"},
     code_info{codes::unclassified, internal, "core"},
     code_info{codes::post_rpc_failed, unavailable, "core"},
     code_info{codes::storage_error, internal, "core"},

@@ -40,6 +40,13 @@ lease_terms terms_of(const config& c) {
                   .with_retry_after(std::chrono::milliseconds(ms)));
 }
 
+[[noreturn]] void throw_parked(std::chrono::milliseconds retry_after) {
+  throw error(error_info::of(error_class::unavailable, codes::request_parked,
+                             "this request is parked: it did not complete within its retry "
+                             "budget and waits for an operator; retry later with the same key")
+                  .with_retry_after(retry_after));
+}
+
 response replayed(response r) {
   r.replayed = true;
   return r;
@@ -63,6 +70,8 @@ std::string_view to_string(record_state s) noexcept {
       return "succeeded";
     case record_state::failed:
       return "failed";
+    case record_state::parked:
+      return "parked";
   }
   return "unknown";
 }
@@ -79,6 +88,7 @@ void validate(const config& c) {
   check(c.rpc_timeout, "rpc_timeout");
   check(c.retry_window, "retry_window");
   check(c.retention, "retention");
+  check(c.parked_retry_after, "parked_retry_after");
   if (c.rpc_timeout >= c.lease) {
     throw config_error(
         "rpc_timeout must be shorter than the lease: Post-RPC has to run "
@@ -144,14 +154,48 @@ void release_quietly(store& s, const request_id& id, std::string_view owner,
 /// releasing it. Used when the RPC's outcome is unknown: the call may still be
 /// running downstream, and a retry must not overlap it. Fenced like release().
 bool hold_until(detail::record_tx& t, const request_id& id, std::string_view owner,
-                std::chrono::steady_clock::time_point until, const lease_terms& terms) {
+                std::chrono::steady_clock::time_point until, const lease_terms& terms,
+                std::string_view why) {
   const std::optional<record> r = t.lock(id);
   if (!r || r->state != record_state::in_progress || r->lease_owner != owner) return false;
+  t.add_history(id, "in_doubt", why);
   lease_terms held = terms;
   held.lease_us = std::max<std::int64_t>(
       1000, std::chrono::duration_cast<std::chrono::microseconds>(until - clock::now()).count());
   t.take_lease(id, owner, r->attempts, held);
   return true;
+}
+
+/// Under transaction 1's lock: parks a record whose budget is spent, commits,
+/// and tells config::on_parked once the parking has committed (or, flagged,
+/// when its commit is in doubt). A hook that throws is logged, not passed on.
+void park_and_alert(detail::record_tx& t, const request_id& id, const record& r,
+                    std::string_view reason, const config& c) {
+  const std::string why = std::string(reason) + " after " + std::to_string(r.attempts) +
+                          " attempts; last error: " + r.last_error;
+  t.park(id, why);
+  parked_event event{id.scope, id.key, r.attempts, std::string(reason), r.last_error, false};
+  const auto alert = [&] {
+    if (!c.on_parked) return;
+    try {
+      c.on_parked(event);
+    } catch (const std::exception& e) {
+      log(log_level::error, std::string("config::on_parked threw: ") + e.what());
+    } catch (...) {
+      log(log_level::error, "config::on_parked threw");
+    }
+  };
+  try {
+    t.commit();
+  } catch (const storage_error& e) {
+    if (e.in_doubt()) {
+      event.in_doubt = true;
+      alert();
+    }
+    throw;
+  }
+  log(log_level::warning, "scope " + id.scope + " key " + id.key + ": parked, " + why);
+  alert();
 }
 
 /// What Pre-RPC and Post-RPC get as their `tx`: the application's SQL on the
@@ -288,6 +332,7 @@ response manager::run(const request_id& id, const detail::phases& p,
       if (replay_cache_) replay_cache_->put(id, *seen, read_at);  // terminal ones only
       if (seen->fingerprint != id.fingerprint) throw_mismatch();
       if (is_terminal(seen->state)) return replay_of(*seen);
+      if (seen->state == record_state::parked) throw_parked(config_.parked_retry_after);
       if (lease_is_live(*seen)) {
         if (clock::now() >= wait_until) {
           throw_in_progress(seen->lease_expires_us - seen->db_now_us);
@@ -363,27 +408,26 @@ response manager::run(const request_id& id, const detail::phases& p,
           t->commit();
           return replay_of(*locked);
         }
+        if (locked->state == record_state::parked) {
+          t->commit();
+          throw_parked(config_.parked_retry_after);
+        }
         if (lease_is_live(*locked)) {
           t->rollback();
           continue;  // the fast path decides: wait or 409
         }
+        // An attempt whose lease ran out under it: it crashed, stalled past
+        // its lease, or was held in doubt (then it has a history row).
+        if (locked->state == record_state::in_progress) t->add_abandoned(id);
         // Expired lease or retryable: a retry, unless the budget is spent.
-        const bool no_attempts = locked->attempts >= config_.max_attempts;
+        const bool no_attempts =
+            locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
         if (no_attempts || no_window) {
-          const error_info why = error_info::of(
-              error_class::internal,
-              no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
-              "the request did not complete within its retry budget; its "
-              "outcome downstream may need manual reconciliation");
-          response r = problem_response(why);
-          t->take_lease(id, owner, locked->attempts, terms);
-          t->finish(id, owner, record_state::failed, r, why.message, terms);
-          t->commit();
-          log(log_level::warning, "scope " + id.scope + " key " + id.key + ": " + why.code +
-                                      " after " + std::to_string(locked->attempts) +
-                                      " attempts; last error: " + locked->last_error);
-          return r;
+          park_and_alert(*t, id, *locked,
+                         no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
+                         config_);
+          throw_parked(config_.parked_retry_after);
         }
         // The stored Pre-RPC result must still read as the handler's type
         // (a rolling deploy may have changed it). If it does not, nothing is
@@ -464,7 +508,7 @@ response manager::run(const request_id& id, const detail::phases& p,
       } else if (failure->in_doubt()) {
         // The downstream outcome is unknown and the call may still be running
         // there: keep the key until this attempt's deadline has passed.
-        fenced = hold_until(*t, id, owner, a.deadline(), terms);
+        fenced = hold_until(*t, id, owner, a.deadline(), terms, reason_of(*failure));
       } else {
         fenced = t->release(id, owner, reason_of(*failure));
       }

@@ -17,6 +17,14 @@ std::string text_or_empty(const sql_value& v) {
   throw storage_error::permanent("unreadable orpheus_records row (" + std::string(why) + ")");
 }
 
+record_state state_of(std::int64_t n) {
+  if (n < static_cast<int>(record_state::in_progress) ||
+      n > static_cast<int>(record_state::parked)) {
+    unreadable_row("state " + std::to_string(n) + " is not one this version knows");
+  }
+  return static_cast<record_state>(n);
+}
+
 /// Parses the fast path's packed first column into `out`.
 void parse_fast_meta(std::string_view meta, record& out) {
   const char* p = meta.data();
@@ -28,7 +36,7 @@ void parse_fast_meta(std::string_view meta, record& out) {
     p = next + 1;
     return v;
   };
-  out.state = static_cast<record_state>(number());
+  out.state = state_of(number());
   out.attempts = static_cast<int>(number());
   out.lease_expires_us = number();
   out.recorded.status = static_cast<int>(number());
@@ -106,7 +114,7 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
 record record_from_row(const sql_row& row, bool full) {
   const auto& v = row.values;
   record out;
-  out.state = static_cast<record_state>(int_or_zero(v.at(0)));
+  out.state = state_of(int_or_zero(v.at(0)));
   out.fingerprint = text_or_empty(v[1]);
   out.attempts = static_cast<int>(int_or_zero(v[2]));
   out.lease_owner = text_or_empty(v[3]);
@@ -122,7 +130,8 @@ record record_from_row(const sql_row& row, bool full) {
     out.created_us = int_or_zero(v[12]);
     out.updated_us = int_or_zero(v[13]);
     out.retry_until_us = int_or_zero(v[14]);
-    out.expires_us = int_or_zero(v.at(15));
+    out.expires_us = int_or_zero(v[15]);
+    out.attempts_before_requeue = static_cast<int>(int_or_zero(v.at(16)));
   }
   return out;
 }

@@ -95,11 +95,69 @@ record_sql::record_sql(const sql_dialect& d) {
   release = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
             ", lease_owner = NULL, lease_expires_us = NULL, last_error = ?, updated_us = " + now +
             fence();
-  // Any state goes once its expiry has passed, except a record under a live
-  // lease: someone is working on it right now.
+  const std::string parked = number(record_state::parked);
+  park = "UPDATE orpheus_records SET state = " + parked +
+         ", lease_owner = NULL, lease_expires_us = NULL, last_error = ?, updated_us = " + now +
+         " WHERE scope = ? AND idem_key = ?";
+  // The attempt number comes from the record itself, in the same statement.
+  add_history =
+      "INSERT INTO orpheus_attempts(scope, idem_key, attempt, at_us, outcome, runner, error) "
+      "SELECT scope, idem_key, attempts, " +
+      now + ", ?, ?, ? FROM orpheus_records WHERE scope = ? AND idem_key = ?";
+  // An attempt found in progress under an expired lease left no row of its
+  // own unless it was held in doubt (hold_until): add one only then.
+  add_abandoned =
+      "INSERT INTO orpheus_attempts(scope, idem_key, attempt, at_us, outcome, runner, error) "
+      "SELECT scope, idem_key, attempts, " +
+      now +
+      ", 'abandoned', 'client', 'the lease expired before the attempt finished' FROM "
+      "orpheus_records r WHERE scope = ? AND idem_key = ? AND NOT EXISTS (SELECT 1 FROM "
+      "orpheus_attempts a WHERE a.scope = r.scope AND a.idem_key = r.idem_key AND a.attempt = "
+      "r.attempts)";
+  // Rows older than the record are another record's: one that was purged
+  // while an attempt of it still wrote its history (see purge_history).
+  history =
+      "SELECT attempt, at_us, outcome, runner, COALESCE(step, ''), COALESCE(error, '') FROM "
+      "orpheus_attempts WHERE scope = ? AND idem_key = ? AND at_us >= ? ORDER BY id";
+  requeue = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
+            ", attempts_before_requeue = attempts, retry_until_us = " + now +
+            " + ?, expires_us = " + now + " + ? + ?, last_error = ?, updated_us = " + now +
+            " WHERE scope = ? AND idem_key = ? AND state = " + parked;
+  resolve =
+      "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, last_error = ?, "
+      "lease_owner = NULL, lease_expires_us = NULL, expires_us = " +
+      now + " + ?, updated_us = " + now +
+      " WHERE scope = ? AND idem_key = ? AND (state = " + parked +
+      " OR state = " + number(record_state::retryable) + " OR (state = " + in_progress +
+      " AND (lease_expires_us IS NULL OR lease_expires_us < " + now + ")))";
+  list =
+      "SELECT scope, idem_key, state, attempts, created_us, updated_us, COALESCE(last_error, "
+      "''), " +
+      now + " FROM orpheus_records WHERE state = ? AND updated_us <= " + now +
+      " - ? ORDER BY updated_us LIMIT ?";
+  count_by_state = "SELECT state, COUNT(*) FROM orpheus_records GROUP BY state";
+  // Any state but parked goes once its expiry has passed, except a record
+  // under a live lease: someone is working on it right now. A parked record
+  // waits for a person, however old. Its history goes first, in the same
+  // transaction, and a record goes only once it has none left, so a record
+  // and its history leave together (an attempt that writes history for a
+  // record at the moment it is purged can leave a row behind on MySQL;
+  // history() ignores rows older than the record that reads them).
+  const auto purgeable = [&](const std::string& t) {
+    return t + "expires_us < " + now + " AND " + t + "state <> " + parked + " AND (" + t +
+           "state <> " + in_progress + " OR " + t + "lease_expires_us IS NULL OR " + t +
+           "lease_expires_us < " + now + ")";
+  };
+  purge_history = d.bounded_delete(
+      "orpheus_attempts",
+      "EXISTS (SELECT 1 FROM orpheus_records r WHERE r.scope = orpheus_attempts.scope AND "
+      "r.idem_key = orpheus_attempts.idem_key AND " +
+          purgeable("r.") + ")",
+      "id");
   purge = d.bounded_delete("orpheus_records",
-                           "expires_us < " + now + " AND (state <> " + in_progress +
-                               " OR lease_expires_us IS NULL OR lease_expires_us < " + now + ")",
+                           purgeable("") +
+                               " AND NOT EXISTS (SELECT 1 FROM orpheus_attempts a WHERE a.scope "
+                               "= orpheus_records.scope AND a.idem_key = orpheus_records.idem_key)",
                            "expires_us");
   create_version_table = d.create_version_table;
   count_tables = d.count_tables;
@@ -153,7 +211,50 @@ bool record_tx::finish(const request_id& id, std::string_view owner, record_stat
 
 bool record_tx::release(const request_id& id, std::string_view owner, std::string_view why) {
   const sql_value p[] = {std::string(why), id.scope, id.key, std::string(owner)};
-  return t_->execute_values(sql_.release, p) == 1;
+  if (t_->execute_values(sql_.release, p) != 1) return false;
+  add_history(id, "retryable", why);
+  return true;
+}
+
+void record_tx::park(const request_id& id, std::string_view why) {
+  const sql_value p[] = {std::string(why), id.scope, id.key};
+  t_->execute_values(sql_.park, p);
+  add_history(id, "parked", why);
+}
+
+void record_tx::add_history(const request_id& id, std::string_view outcome, std::string_view error,
+                            std::string_view runner) {
+  const sql_value p[] = {std::string(outcome), std::string(runner), std::string(error), id.scope,
+                         id.key};
+  t_->execute_values(sql_.add_history, p);
+}
+
+void record_tx::add_abandoned(const request_id& id) {
+  const sql_value p[] = {id.scope, id.key};
+  t_->execute_values(sql_.add_abandoned, p);
+}
+
+bool record_tx::requeue(const request_id& id, std::string_view note, const lease_terms& t) {
+  const sql_value p[] = {t.retry_window_us, t.retry_window_us, t.retention_us,
+                         std::string(note), id.scope,          id.key};
+  if (t_->execute_values(sql_.requeue, p) != 1) return false;
+  add_history(id, "requeued", note, "operator");
+  return true;
+}
+
+bool record_tx::resolve(const request_id& id, record_state s, const response& r,
+                        std::string_view note, const lease_terms& t) {
+  const sql_value p[] = {std::int64_t{static_cast<int>(s)},
+                         std::int64_t{r.status},
+                         headers_json(r),
+                         r.body,
+                         std::string(note),
+                         t.retention_us,
+                         id.scope,
+                         id.key};
+  if (t_->execute_values(sql_.resolve, p) != 1) return false;
+  add_history(id, "resolved", note, "operator");
+  return true;
 }
 
 std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id) {

@@ -55,9 +55,11 @@ std::unique_ptr<transaction> store::begin_on_shard(std::size_t shard) {
 
 std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
   auto t = begin_on_shard(shard);
-  const auto n = t->execute(sql_->purge, static_cast<std::int64_t>(limit));
+  // History first: a record goes only once its history is gone (records.cpp).
+  const auto history = t->execute(sql_->purge_history, static_cast<std::int64_t>(limit));
+  const auto records = t->execute(sql_->purge, static_cast<std::int64_t>(limit));
   t->commit();
-  return n;
+  return history + records;
 }
 
 void store::migrate() {

@@ -93,6 +93,20 @@
 
 namespace orpheus {
 
+/// What config::on_parked is told about a request that was parked.
+struct parked_event {
+  std::string scope;
+  std::string key;
+  int attempts = 0;
+  /// codes::attempts_exhausted or codes::retry_window_exhausted.
+  std::string reason;
+  /// The last attempt's error, as recorded.
+  std::string last_error;
+  /// The parking's COMMIT was in doubt: it may not have landed. If it did
+  /// not, a later request for the key parks it again and alerts again.
+  bool in_doubt = false;
+};
+
 struct config {
   /// How long an attempt holds a key. A crashed attempt blocks its key this
   /// long, then the next retry takes over.
@@ -101,10 +115,18 @@ struct config {
   /// Post-RPC still runs under a live lease.
   std::chrono::milliseconds rpc_timeout = std::chrono::seconds{20};
   /// After this long since the first attempt, a key that has not finished is
-  /// recorded as a terminal failure instead of being retried.
+  /// parked (record_state::parked) instead of being retried.
   std::chrono::milliseconds retry_window = std::chrono::hours{24};
-  /// Attempts (first one included) before a terminal failure is recorded.
+  /// Attempts (first one included) before the key is parked. A requeue
+  /// (orpheus/admin.hpp) gives it this many again.
   int max_attempts = 10;
+  /// Called once each time this manager parks a request, after the parking
+  /// committed (see parked_event::in_doubt), on the thread of the request
+  /// that parked it: keep it short (queue an alert, page someone). What it
+  /// throws is logged and dropped.
+  std::function<void(const parked_event&)> on_parked{};
+  /// The Retry-After of the answer to a parked key (codes::request_parked).
+  std::chrono::milliseconds parked_retry_after = std::chrono::seconds{60};
   /// How long terminal records are kept (and replayed) before purge.
   std::chrono::milliseconds retention = std::chrono::hours{24 * 7};
   /// How exceptions that are not orpheus::error are classified.
@@ -238,8 +260,8 @@ class manager {
       outcome<response> try_process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
                                     const process_options& options = {});
 
-  /// Purges one bounded batch of expired terminal records on every shard;
-  /// returns how many were deleted.
+  /// Purges one bounded batch of expired records and their history on every
+  /// shard (store::purge_expired); returns how many rows were deleted.
   std::size_t purge_expired(std::size_t batch_limit);
 
   [[nodiscard]] store& storage() noexcept { return store_; }

@@ -34,6 +34,10 @@ enum class record_state {
   retryable = 2,    ///< the last attempt failed safely; no lease
   succeeded = 3,    ///< terminal: the response is recorded
   failed = 4,       ///< terminal, non-retryable: the error is recorded
+  /// Out of attempts or out of its retry window: waits for a person
+  /// (orpheus/admin.hpp, orpheusctl) to requeue or resolve it. No lease; not
+  /// terminal; never purged; clients retrying it are told to come back later.
+  parked = 5,
 };
 
 [[nodiscard]] constexpr bool is_terminal(record_state s) noexcept {
@@ -57,6 +61,10 @@ struct record {
   std::int64_t retry_until_us = 0;  ///< end of the retry window
   std::int64_t expires_us = 0;      ///< retention deadline (terminal only)
   std::int64_t db_now_us = 0;       ///< the database clock when read
+  /// Attempts made before the last requeue: only later ones count against
+  /// config::max_attempts. `attempts` itself never goes down, so a requeued
+  /// request's next attempt is still a retry (attempt::is_retry()).
+  int attempts_before_requeue = 0;
 };
 
 /// Lease and retention figures a write needs, in microseconds.
@@ -97,7 +105,10 @@ class store {
   /// does not exist.
   std::unique_ptr<transaction> begin_on_shard(std::size_t shard);
   /// Deletes at most `limit` records of `shard` whose retention deadline has
-  /// passed (never one under a live lease); returns how many were deleted.
+  /// passed (never one under a live lease, never a parked one), and at most
+  /// `limit` rows of their history; a record goes once its history is gone.
+  /// Returns how many rows were deleted (records and history): 0 when there
+  /// is nothing left to purge.
   std::size_t purge_expired(std::size_t shard, std::size_t limit);
   /// Applies the schema migrations this library version ships that a
   /// shard's schema version table does not list yet, on every shard.

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "orpheus/admin.hpp"
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
 #include "support/forwarding_store.hpp"
@@ -436,9 +437,13 @@ TEST_P(Conformance, UnclassifiedExceptionsCanBeConfiguredRetryable) {
   EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
 }
 
-TEST_P(Conformance, AttemptCapGivesARecordedTerminalFailure) {
+// Issue 11, item 4: a request out of attempts is parked for a person, not
+// recorded as a failure; the alert hook hears of it once.
+TEST_P(Conformance, AttemptCapParksTheRequestAndAlertsOnce) {
   config cfg;
   cfg.max_attempts = 2;
+  std::vector<parked_event> alerts;
+  cfg.on_parked = [&](const parked_event& e) { alerts.push_back(e); };
   manager m(*store_, cfg);
   const auto rid = id("k1");
   counters c;
@@ -447,21 +452,49 @@ TEST_P(Conformance, AttemptCapGivesARecordedTerminalFailure) {
   };
   EXPECT_THROW(pay(m, rid, c, flaky), error);
   EXPECT_THROW(pay(m, rid, c, flaky), error);
-  const auto r = pay(m, rid, c, flaky);
-  EXPECT_EQ(r.status, 500);
-  EXPECT_FALSE(r.replayed);
-  EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::attempts_exhausted);
-  EXPECT_EQ(nlohmann::json::parse(r.body)["retryable"], false);
+  for (int i = 0; i < 2; ++i) {  // the parking, then a client retrying the parked key
+    try {
+      pay(m, rid, c, flaky);
+      ADD_FAILURE() << "a parked key must not be answered as a success";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), codes::request_parked);
+      EXPECT_EQ(e.kind(), error_class::unavailable);
+      EXPECT_TRUE(e.retryable());
+      EXPECT_EQ(e.retry_after(), cfg.parked_retry_after);
+      EXPECT_EQ(http_status_of(e.info()), 503);
+    }
+  }
   EXPECT_EQ(c.rpc, 2);
-  const auto again = pay(m, rid, c, flaky);
-  EXPECT_TRUE(again.replayed);
-  EXPECT_EQ(again, r);
-  EXPECT_EQ(store_->inspect(rid)->state, record_state::failed);
+  ASSERT_EQ(alerts.size(), 1U) << "the alert hook is called once per parking";
+  EXPECT_EQ(alerts[0].scope, rid.scope);
+  EXPECT_EQ(alerts[0].key, rid.key);
+  EXPECT_EQ(alerts[0].attempts, 2);
+  EXPECT_EQ(alerts[0].reason, codes::attempts_exhausted);
+  EXPECT_NE(alerts[0].last_error.find("bank_unavailable"), std::string::npos);
+  EXPECT_FALSE(alerts[0].in_doubt);
+  const auto r = store_->inspect(rid);
+  EXPECT_EQ(r->state, record_state::parked);
+  EXPECT_TRUE(r->lease_owner.empty());
+  EXPECT_NE(r->last_error.find(codes::attempts_exhausted), std::string::npos);
+  EXPECT_EQ(store_->read(rid)->state, record_state::parked);  // the fast path's view
+  // Another payload with the parked key is still a mismatch.
+  try {
+    pay(m, id("k1", "amount=999"), c, flaky);
+    ADD_FAILURE();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
+  }
 }
 
-TEST_P(Conformance, RetryWindowGivesARecordedTerminalFailure) {
+TEST_P(Conformance, RetryWindowParksTheRequest) {
   config cfg = short_lease();
   cfg.retry_window = 300ms;
+  int alerts = 0;
+  std::string reason;
+  cfg.on_parked = [&](const parked_event& e) {
+    ++alerts;
+    reason = e.reason;
+  };
   manager m(*store_, cfg);
   const auto rid = id("k1");
   counters c;
@@ -471,11 +504,262 @@ TEST_P(Conformance, RetryWindowGivesARecordedTerminalFailure) {
                    }),
                error);
   std::this_thread::sleep_for(400ms);
-  const auto r = pay(m, rid, c);
-  EXPECT_EQ(r.status, 500);
-  EXPECT_EQ(nlohmann::json::parse(r.body)["code"], codes::retry_window_exhausted);
+  try {
+    pay(m, rid, c);
+    ADD_FAILURE();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked);
+  }
   EXPECT_EQ(c.rpc, 1);
-  EXPECT_EQ(store_->inspect(rid)->state, record_state::failed);
+  EXPECT_EQ(alerts, 1);
+  EXPECT_EQ(reason, codes::retry_window_exhausted);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::parked);
+}
+
+TEST_P(Conformance, AHookThatThrowsDoesNotUndoTheParking) {
+  config cfg;
+  cfg.max_attempts = 1;
+  cfg.on_parked = [](const parked_event&) { throw std::runtime_error("pager down"); };
+  manager m(*store_, cfg);
+  const auto rid = id("k1");
+  counters c;
+  auto flaky = [](const attempt&, const payment&) -> std::string {
+    throw retryable_error("bank_unavailable", "503");
+  };
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  try {
+    pay(m, rid, c, flaky);
+    ADD_FAILURE();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked);
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::parked);
+}
+
+// A person requeues a parked request: it resumes as a retry with its stored
+// Pre-RPC result and a fresh budget.
+TEST_P(Conformance, ARequeuedRequestResumesAsARetry) {
+  config cfg;
+  cfg.max_attempts = 2;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  const auto rid = id("k1");
+  counters c;
+  auto flaky = [](const attempt&, const payment&) -> std::string {
+    throw retryable_error("bank_unavailable", "503");
+  };
+  EXPECT_EQ(ops.requeue(rid.scope, rid.key, "x").result, admin_result::status::not_found);
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  const auto not_parked = ops.requeue(rid.scope, rid.key, "too early");
+  EXPECT_EQ(not_parked.result, admin_result::status::refused);
+  EXPECT_NE(not_parked.why.find("retryable"), std::string::npos) << not_parked.why;
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  EXPECT_THROW(pay(m, rid, c, flaky), error);  // parked now
+  ASSERT_EQ(store_->inspect(rid)->state, record_state::parked);
+
+  ASSERT_TRUE(ops.requeue(rid.scope, rid.key, "bank back, ticket 7").ok());
+  const auto requeued = store_->inspect(rid);
+  EXPECT_EQ(requeued->state, record_state::retryable);
+  EXPECT_EQ(requeued->attempts, 2) << "attempts never go down: the next one is a retry";
+  EXPECT_EQ(requeued->attempts_before_requeue, 2);
+
+  int number = 0;
+  std::string paid;
+  const auto r = pay(m, rid, c, [&](const attempt& a, const payment& p) {
+    number = a.number();
+    paid = p.id;
+    return std::string("ch");
+  });
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(number, 3);
+  EXPECT_EQ(paid, rid.scope + "/k1") << "the stored Pre-RPC result is handed on";
+  EXPECT_EQ(c.pre, 1) << "Pre-RPC never runs twice for a key";
+  EXPECT_EQ(c.retries, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(app_result(rid.scope + "/k1"), "charged");
+  EXPECT_TRUE(pay(m, rid, c).replayed);
+  EXPECT_EQ(c.rpc, 3);
+
+  // A requeue gives max_attempts again, counted from the requeue.
+  const auto other = id("k2");
+  EXPECT_THROW(pay(m, other, c, flaky), error);
+  EXPECT_THROW(pay(m, other, c, flaky), error);
+  EXPECT_THROW(pay(m, other, c, flaky), error);  // parked
+  ASSERT_TRUE(ops.requeue(other.scope, other.key, "again").ok());
+  const int before = c.rpc;
+  EXPECT_THROW(pay(m, other, c, flaky), error);
+  EXPECT_THROW(pay(m, other, c, flaky), error);
+  EXPECT_EQ(c.rpc, before + 2);
+  try {
+    pay(m, other, c, flaky);
+    ADD_FAILURE();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked);
+  }
+  EXPECT_EQ(c.rpc, before + 2);
+}
+
+// A person records what really happened downstream: it is replayed from then
+// on, and the RPC never runs again.
+TEST_P(Conformance, AResolvedRequestReplaysTheOperatorsOutcome) {
+  config cfg;
+  cfg.max_attempts = 1;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  const auto rid = id("k1");
+  counters c;
+  auto flaky = [](const attempt&, const payment&) -> std::string {
+    throw retryable_error("bank_unavailable", "503");
+  };
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  EXPECT_THROW(pay(m, rid, c, flaky), error);  // parked
+  const response settled{201, {{"Content-Type", "application/json"}}, R"({"charge":"ch_by_hand"})"};
+  EXPECT_THROW(ops.resolve(rid.scope, rid.key, response{42, {}, ""}, "bad"), bad_input_error);
+  ASSERT_TRUE(ops.resolve(rid.scope, rid.key, settled, "bank says charged, ticket 9").ok());
+  const auto r = pay(m, rid, c);
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(r.body, settled.body);
+  EXPECT_EQ(r.headers, settled.headers);
+  EXPECT_EQ(c.rpc, 1);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::succeeded);
+  const auto again = ops.resolve(rid.scope, rid.key, settled, "twice");
+  EXPECT_EQ(again.result, admin_result::status::refused);
+
+  // A failure by hand is recorded as failed.
+  const auto lost = id("k2");
+  EXPECT_THROW(pay(m, lost, c, flaky), error);
+  ASSERT_TRUE(ops.resolve(lost.scope, lost.key, response{422, {}, "declined"}, "declined").ok());
+  EXPECT_EQ(store_->inspect(lost)->state, record_state::failed);
+  EXPECT_EQ(pay(m, lost, c).status, 422);
+
+  // Never from under a live lease: an attempt is running.
+  const auto busy = id("k3");
+  leave_crashed_attempt(*store_, busy, R"({"id":"x","amount":1})", 60'000'000);
+  EXPECT_EQ(ops.resolve(busy.scope, busy.key, settled, "no").result, admin_result::status::refused);
+  EXPECT_EQ(store_->inspect(busy)->state, record_state::in_progress);
+}
+
+// Issue 11, item 5: every attempt that did not finish the record leaves a
+// history row; the finishing one is the record itself.
+TEST_P(Conformance, HistoryKeepsEveryUnfinishedAttemptParkingAndOperatorAction) {
+  config cfg = short_lease();
+  cfg.max_attempts = 3;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  const auto rid = id("k1");
+  leave_crashed_attempt(*store_, rid, R"({"id":"p","amount":100})", 1000);  // attempt 1
+  std::this_thread::sleep_for(50ms);
+  counters c;
+  EXPECT_THROW(pay(m, rid, c,
+                   [](const attempt&, const payment&) -> std::string {
+                     throw retryable_error("bank_unavailable", "503 from bank");
+                   }),
+               error);  // attempt 2
+  EXPECT_THROW(pay(m, rid, c,
+                   [](const attempt&, const payment&) -> std::string {
+                     throw error(error_info::of(error_class::in_doubt, "bank_timeout", "timeout"));
+                   }),
+               error);  // attempt 3, held to its deadline
+  std::this_thread::sleep_for(500ms);
+  EXPECT_THROW(pay(m, rid, c), error);  // out of attempts: parked
+  ASSERT_TRUE(ops.requeue(rid.scope, rid.key, "ticket 7").ok());
+  EXPECT_EQ(pay(m, rid, c).status, 201);  // attempt 4 finishes it
+
+  const auto report = ops.show(rid.scope, rid.key);
+  ASSERT_TRUE(report);
+  EXPECT_EQ(report->shard, store_->shard_of(rid));
+  EXPECT_EQ(report->rec.state, record_state::succeeded);
+  EXPECT_EQ(report->rec.attempts, 4);
+  std::vector<std::string> seen;
+  for (const auto& h : report->history) {
+    seen.push_back(std::to_string(h.attempt) + " " + h.outcome + " " + h.runner);
+    EXPECT_GT(h.at_us, 0);
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"1 abandoned client", "2 retryable client",
+                                            "3 in_doubt client", "3 parked client",
+                                            "3 requeued operator"}));
+  EXPECT_NE(report->history[1].error.find("bank_unavailable"), std::string::npos);
+  EXPECT_NE(report->history[2].error.find("bank_timeout"), std::string::npos);
+  EXPECT_NE(report->history[4].error.find("ticket 7"), std::string::npos);
+  EXPECT_FALSE(ops.show(rid.scope, "no-such-key"));
+  EXPECT_THROW(ops.show(rid.scope, " bad key "), bad_input_error);
+}
+
+TEST_P(Conformance, ParkedRecordsAreNeverPurgedAndHistoryGoesWithItsRecord) {
+  config cfg = short_lease();
+  cfg.retry_window = 100ms;
+  cfg.retention = 700ms;
+  cfg.max_attempts = 1;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  counters c;
+  auto flaky = [](const attempt&, const payment&) -> std::string {
+    throw retryable_error("bank_unavailable", "503");
+  };
+  const auto parked = id("parked");
+  const auto resolved = id("resolved");
+  for (const auto& rid : {parked, resolved}) {
+    EXPECT_THROW(pay(m, rid, c, flaky), error);
+    EXPECT_THROW(pay(m, rid, c, flaky), error);
+    ASSERT_EQ(store_->inspect(rid)->state, record_state::parked);
+  }
+  ASSERT_TRUE(ops.resolve(resolved.scope, resolved.key, response{422, {}, "no"}, "by hand").ok());
+  std::this_thread::sleep_for(1200ms);  // past window + retention of both
+  ops.purge(1);  // one row per statement: history and records over many passes
+  EXPECT_EQ(store_->inspect(parked)->state, record_state::parked)
+      << "a parked request waits for a person, however old";
+  EXPECT_EQ(ops.show(parked.scope, parked.key)->history.size(), 2U);
+  EXPECT_FALSE(store_->inspect(resolved));
+  auto t = store_->begin_on_shard(store_->shard_of(resolved));
+  const auto left =
+      t->query("SELECT COUNT(*) FROM orpheus_attempts WHERE scope = ? AND idem_key = ?",
+               resolved.scope, resolved.key);
+  t->commit();
+  EXPECT_EQ(left[0].get<std::int64_t>(0), 0) << "history goes with its record";
+}
+
+TEST_P(Conformance, ListAndStatsFindParkedRequests) {
+  config cfg;
+  cfg.max_attempts = 1;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  counters c;
+  const auto stuck = id("stuck");
+  EXPECT_THROW(pay(m, stuck, c,
+                   [](const attempt&, const payment&) -> std::string {
+                     throw retryable_error("bank_unavailable", "503");
+                   }),
+               error);
+  EXPECT_THROW(pay(m, stuck, c), error);  // parked
+  EXPECT_EQ(pay(m, id("fine"), c).status, 201);
+  auto mine = [&](const std::vector<record_summary>& rows) {
+    std::vector<std::string> keys;
+    for (const auto& r : rows) {
+      if (r.scope == scope_) keys.push_back(r.key);
+    }
+    return keys;
+  };
+  const auto parked = ops.list(record_state::parked, 0ms, 100000);
+  EXPECT_EQ(mine(parked), std::vector<std::string>{"stuck"});
+  for (const auto& r : parked) {
+    if (r.scope != scope_) continue;
+    EXPECT_EQ(r.state, record_state::parked);
+    EXPECT_EQ(r.attempts, 1);
+    EXPECT_NE(r.last_error.find(codes::attempts_exhausted), std::string::npos);
+    EXPECT_GE(r.db_now_us, r.updated_us);
+  }
+  EXPECT_TRUE(mine(ops.list(record_state::parked, std::chrono::hours(1), 100000)).empty());
+  EXPECT_EQ(mine(ops.list(record_state::succeeded, 0ms, 100000)), std::vector<std::string>{"fine"});
+  const auto stats = ops.stats();
+  ASSERT_EQ(stats.size(), store_->shard_count());
+  std::int64_t parked_total = 0;
+  std::int64_t succeeded_total = 0;
+  for (const auto& s : stats) {
+    parked_total += s.parked;
+    succeeded_total += s.succeeded;
+  }
+  EXPECT_GE(parked_total, 1);
+  EXPECT_GE(succeeded_total, 1);
 }
 
 TEST_P(Conformance, ThrowingPreRpcRollsBackItsWritesAndTheLeaseRow) {

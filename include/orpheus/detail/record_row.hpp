@@ -19,11 +19,13 @@ inline constexpr std::string_view record_columns_fast =
     "state, fingerprint, attempts, lease_owner, lease_expires_us, status, headers, body";
 /// The rest of the record, for take-overs (pre_state) and for inspection.
 inline constexpr std::string_view record_columns_rest =
-    "pre_state, recovery_point, last_error, created_us, updated_us, retry_until_us, expires_us";
+    "pre_state, recovery_point, last_error, created_us, updated_us, retry_until_us, expires_us, "
+    "attempts_before_requeue";
 
 /// Builds a record from a row of `fast, now[, rest]`; `full` says whether the
 /// rest is there. Throws storage_error::permanent (not retryable) when the
-/// headers column is not the JSON the backends write.
+/// headers column is not the JSON the backends write, or the state is not one
+/// this version knows (a newer version's record is never guessed at).
 record record_from_row(const sql_row& row, bool full);
 
 /// Builds a record from a row of the replay fast path (record_sql::read_fast):

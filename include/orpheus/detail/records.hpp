@@ -27,6 +27,15 @@ struct record_sql {
   std::string take_lease;
   std::string finish;
   std::string release;
+  std::string park;
+  std::string add_history;
+  std::string add_abandoned;
+  std::string history;
+  std::string requeue;
+  std::string resolve;
+  std::string list;
+  std::string count_by_state;
+  std::string purge_history;
   std::string purge;
   std::string create_version_table;
   std::string count_tables;
@@ -61,8 +70,30 @@ class record_tx {
   /// commit() throw storage_error::lease_lost without committing anything.
   bool finish(const request_id& id, std::string_view owner, record_state final_state,
               const response& r, std::string_view last_error, const lease_terms& terms);
-  /// Marks the record retryable and releases the lease. Fenced like finish().
+  /// Marks the record retryable and releases the lease, and adds a history
+  /// row for the attempt (`retryable`). Fenced like finish().
   bool release(const request_id& id, std::string_view owner, std::string_view last_error);
+  /// Under lock(): parks the record (no lease), with `why` as its last error
+  /// and a history row `parked`.
+  void park(const request_id& id, std::string_view why);
+  /// Adds a history row for the record's current attempt (orpheus_attempts),
+  /// with its outcome and who wrote it (see history_entry, orpheus/admin.hpp).
+  void add_history(const request_id& id, std::string_view outcome, std::string_view error,
+                   std::string_view runner = "client");
+  /// Under lock(), for a record in progress whose lease expired: a history
+  /// row `abandoned` for its attempt, unless that attempt wrote one (held in
+  /// doubt).
+  void add_abandoned(const request_id& id);
+  /// A parked record becomes retryable with a fresh budget: attempts made so
+  /// far stop counting against the cap, and the retry window starts again.
+  /// Returns false, changing nothing, when the record is not parked.
+  bool requeue(const request_id& id, std::string_view note, const lease_terms& terms);
+  /// Records an outcome decided by a person: `final_state` (succeeded or
+  /// failed) with `r`, for a record that is parked, retryable, or in
+  /// progress under an expired lease. Returns false, changing nothing,
+  /// otherwise.
+  bool resolve(const request_id& id, record_state final_state, const response& r,
+               std::string_view note, const lease_terms& terms);
 
   /// Commits. A failure whose outcome is unknown throws a storage_error with
   /// in_doubt() set.

@@ -1,0 +1,158 @@
+// Operations for a person or a tool (orpheus/admin.hpp): reads through the
+// store's autocommit reads, changes through the record layer's transaction,
+// under the record's lock, like an attempt's.
+#include "orpheus/admin.hpp"
+
+#include <string>
+
+#include "orpheus/detail/record_row.hpp"
+#include "orpheus/detail/records.hpp"
+
+namespace orpheus {
+namespace {
+
+// The fingerprint plays no part here; validate() wants a well-formed one.
+request_id id_of(std::string_view scope, std::string_view key) {
+  request_id id{std::string(scope), std::string(key), fingerprint_of("")};
+  validate(id);
+  return id;
+}
+
+std::int64_t micros(std::chrono::milliseconds d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+std::string text(const sql_value& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  return s ? *s : std::string{};
+}
+
+admin_result not_found(const request_id& id) {
+  return {admin_result::status::not_found,
+          "no record for scope '" + id.scope + "' and key '" + id.key + "'"};
+}
+
+admin_result refused(const record& r, std::string_view what) {
+  return {admin_result::status::refused,
+          std::string(what) + " (the record is " + std::string(to_string(r.state)) + ")"};
+}
+
+}  // namespace
+
+admin::admin(store& s, config c) : store_(s), config_(std::move(c)) { validate(config_); }
+
+std::optional<record_report> admin::show(std::string_view scope, std::string_view key) {
+  const request_id id = id_of(scope, key);
+  auto rec = store_.inspect(id);
+  if (!rec) return std::nullopt;
+  record_report out{store_.shard_of(id), std::move(*rec), {}};
+  const sql_value p[] = {id.scope, id.key, out.rec.created_us};
+  for (const auto& row : store_.backend().read(out.shard, store_.statements().history, p)) {
+    const auto& v = row.values;
+    out.history.push_back({static_cast<int>(detail::int_or_zero(v.at(0))),
+                           detail::int_or_zero(v.at(1)), text(v.at(2)), text(v.at(3)),
+                           text(v.at(4)), text(v.at(5))});
+  }
+  return out;
+}
+
+std::vector<record_summary> admin::list(record_state state, std::chrono::milliseconds older_than,
+                                        std::size_t limit) {
+  if (older_than.count() < 0) throw bad_input_error(codes::invalid_request, "older_than < 0");
+  std::vector<record_summary> out;
+  for (std::size_t s = 0; s < store_.shard_count() && out.size() < limit; ++s) {
+    const sql_value p[] = {std::int64_t{static_cast<int>(state)}, micros(older_than),
+                           static_cast<std::int64_t>(limit - out.size())};
+    for (const auto& row : store_.backend().read(s, store_.statements().list, p)) {
+      const auto& v = row.values;
+      record_summary r;
+      r.shard = s;
+      r.scope = text(v.at(0));
+      r.key = text(v.at(1));
+      r.state = static_cast<record_state>(detail::int_or_zero(v.at(2)));
+      r.attempts = static_cast<int>(detail::int_or_zero(v.at(3)));
+      r.created_us = detail::int_or_zero(v.at(4));
+      r.updated_us = detail::int_or_zero(v.at(5));
+      r.last_error = text(v.at(6));
+      r.db_now_us = detail::int_or_zero(v.at(7));
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+std::vector<shard_stats> admin::stats() {
+  std::vector<shard_stats> out;
+  for (std::size_t s = 0; s < store_.shard_count(); ++s) {
+    shard_stats st{.shard = s};
+    for (const auto& row : store_.backend().read(s, store_.statements().count_by_state, {})) {
+      const std::int64_t n = detail::int_or_zero(row.values.at(1));
+      switch (static_cast<record_state>(detail::int_or_zero(row.values.at(0)))) {
+        case record_state::in_progress:
+          st.in_progress = n;
+          break;
+        case record_state::retryable:
+          st.retryable = n;
+          break;
+        case record_state::succeeded:
+          st.succeeded = n;
+          break;
+        case record_state::failed:
+          st.failed = n;
+          break;
+        case record_state::parked:
+          st.parked = n;
+          break;
+      }
+    }
+    out.push_back(st);
+  }
+  return out;
+}
+
+admin_result admin::requeue(std::string_view scope, std::string_view key, std::string_view note) {
+  const request_id id = id_of(scope, key);
+  auto t = detail::begin_record_tx(store_, id);
+  const auto r = t->lock(id);
+  if (!r) return not_found(id);
+  if (r->state != record_state::parked) {
+    t->rollback();
+    return refused(*r, "only a parked request can be requeued");
+  }
+  const lease_terms terms{0, micros(config_.retry_window), micros(config_.retention)};
+  t->requeue(id, "requeued: " + std::string(note), terms);
+  t->commit();
+  return {};
+}
+
+admin_result admin::resolve(std::string_view scope, std::string_view key, const response& r,
+                            std::string_view note) {
+  const request_id id = id_of(scope, key);
+  if (r.status < 100 || r.status > 599) {
+    throw bad_input_error(codes::invalid_request, "a resolved response needs a status 100..599");
+  }
+  auto t = detail::begin_record_tx(store_, id);
+  const auto rec = t->lock(id);
+  if (!rec) return not_found(id);
+  const record_state final_state = r.status < 400 ? record_state::succeeded : record_state::failed;
+  const lease_terms terms{0, micros(config_.retry_window), micros(config_.retention)};
+  if (!t->resolve(id, final_state, r, "resolved by an operator: " + std::string(note), terms)) {
+    t->rollback();
+    return refused(*rec, is_terminal(rec->state)
+                             ? "a finished request cannot be resolved again"
+                             : "an attempt holds a live lease on it; wait for it to end");
+  }
+  t->commit();
+  return {};
+}
+
+std::size_t admin::purge(std::size_t batch_limit) {
+  if (batch_limit == 0) throw bad_input_error(codes::invalid_request, "batch_limit is 0");
+  std::size_t total = 0;
+  for (std::size_t s = 0; s < store_.shard_count(); ++s) {
+    while (const std::size_t n = store_.purge_expired(s, batch_limit)) total += n;
+  }
+  return total;
+}
+
+}  // namespace orpheus
