@@ -1,0 +1,168 @@
+// Migrations move existing records forward without loss (issue 11, item 6):
+// a store at schema version 2 (the schema before parking and history) with
+// records in every state is migrated to the current version, on a real SQLite
+// file and on a fresh database of the real MariaDB server.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "orpheus/admin.hpp"
+#include "orpheus/detail/records.hpp"
+#include "orpheus/manager.hpp"
+#include "support/backends.hpp"
+
+namespace orpheus {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Applies the shipped migrations up to `last` only, as a store of that
+// version would have done.
+void migrate_up_to(store& s, int last) {
+  s.backend().exclusively(0, [&](tx& t) {
+    t.execute(s.statements().create_version_table);
+    for (const auto& m : s.backend().migrations()) {
+      if (m.version > last) break;
+      for (const auto& statement : detail::split_statements(m.sql)) t.execute(statement);
+      t.execute(s.statements().add_version, m.version, std::string(m.name));
+    }
+  });
+}
+
+class Migration : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "sqlite") {
+      const auto dir =
+          std::filesystem::temp_directory_path() / ("orpheus-mig-" + test::random_hex());
+      std::filesystem::create_directories(dir);
+      store_ = std::make_unique<sqlite_store>(sqlite_options{(dir / "orpheus.db").string()});
+      return;
+    }
+#if ORPHEUS_TEST_WITH_MYSQL
+    const auto urls = test::mysql_urls();
+    ASSERT_FALSE(urls.empty()) << "ORPHEUS_TEST_MYSQL must list a MariaDB URL; run scripts/test";
+    mysql_options o;
+    o.shards = {parse_mysql_url(urls[0])};
+    admin_store_ = std::make_unique<mysql_store>(o);
+    database_ = "orpheus_mig_" + test::random_hex();
+    auto t = admin_store_->begin_on_shard(0);
+    t->execute("CREATE DATABASE " + database_);
+    t->commit();
+    o.shards[0].database = database_;
+    store_ = std::make_unique<mysql_store>(o);
+#else
+    FAIL() << "built without MySQL";
+#endif
+  }
+
+  void TearDown() override {
+    store_.reset();
+    if (admin_store_) {
+      auto t = admin_store_->begin_on_shard(0);
+      t->execute("DROP DATABASE IF EXISTS " + database_);
+      t->commit();
+    }
+  }
+
+  // A version-2 row: every column that version had.
+  void insert_v2(const std::string& key, int state, int attempts, const std::string& pre_state,
+                 int status, const std::string& headers, const std::string& body,
+                 const std::string& last_error) {
+    auto t = store_->begin_on_shard(0);
+    t->execute(
+        "INSERT INTO orpheus_records (scope, idem_key, fingerprint, state, attempts, lease_owner, "
+        "lease_expires_us, pre_state, recovery_point, status, headers, body, last_error, "
+        "created_us, updated_us, retry_until_us, expires_us) VALUES (?, ?, ?, ?, ?, NULL, NULL, "
+        "?, NULL, ?, ?, ?, ?, 1000, 2000, 9000000000000000, 9100000000000000)",
+        std::string("shop"), key, fingerprint_of("body of " + key), std::int64_t{state},
+        std::int64_t{attempts}, pre_state, std::int64_t{status}, headers, body, last_error);
+    t->commit();
+  }
+
+  request_id id(const std::string& key) const {
+    return {"shop", key, fingerprint_of("body of " + key)};
+  }
+
+  std::unique_ptr<store> store_;
+  std::unique_ptr<store> admin_store_;  // MySQL: the server's test database, to create ours
+  std::string database_;
+};
+
+TEST_P(Migration, RecordsOfVersion2MoveForwardWithoutLoss) {
+  migrate_up_to(*store_, 2);
+  ASSERT_EQ(store_->schema_version(0), 2);
+  const std::string binary("\x00\xff\x01 body", 8);
+  insert_v2("done", 3, 1, R"({"id":"p1"})", 201, R"([["Content-Type","application/json"]])", binary,
+            "");
+  insert_v2("refused", 4, 1, R"({"id":"p2"})", 402, "[]", "declined", "card_declined: no");
+  insert_v2("waiting", 2, 3, R"("p3")", 0, "", "", "bank_unavailable: 503");
+
+  store_->migrate();
+  EXPECT_EQ(store_->schema_version(0), 3);
+  store_->migrate();  // idempotent
+  EXPECT_EQ(store_->schema_version(0), 3);
+
+  const auto done = store_->inspect(id("done"));
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->state, record_state::succeeded);
+  EXPECT_EQ(done->recorded.status, 201);
+  EXPECT_EQ(done->recorded.body, binary);
+  ASSERT_EQ(done->recorded.headers.size(), 1U);
+  EXPECT_EQ(done->pre_state, R"({"id":"p1"})");
+  EXPECT_EQ(done->created_us, 1000);
+  EXPECT_EQ(done->updated_us, 2000);
+  EXPECT_EQ(done->retry_until_us, 9000000000000000);
+  EXPECT_EQ(done->expires_us, 9100000000000000);
+  EXPECT_EQ(done->attempts_before_requeue, 0);
+  const auto refused = store_->inspect(id("refused"));
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->state, record_state::failed);
+  EXPECT_EQ(refused->last_error, "card_declined: no");
+
+  // The migrated store works as a new one: a replay, and a parking (state 5,
+  // which version 2's SQLite CHECK refused) of the record out of attempts.
+  config cfg;
+  cfg.max_attempts = 3;
+  int alerts = 0;
+  cfg.on_parked = [&](const parked_event&) { ++alerts; };
+  manager m(*store_, cfg);
+  int rpcs = 0;
+  auto pay = [&](const std::string& key) {
+    return m.process(
+        id(key), [](tx&) { return std::string("unused"); },
+        [&](const attempt&, const std::string&) {
+          ++rpcs;
+          return std::string("ch");
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  };
+  const auto replay = pay("done");
+  EXPECT_TRUE(replay.replayed);
+  EXPECT_EQ(replay.body, binary);
+  try {
+    pay("waiting");
+    ADD_FAILURE() << "a record out of attempts must be parked";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked);
+  }
+  EXPECT_EQ(rpcs, 0);
+  EXPECT_EQ(alerts, 1);
+  admin ops(*store_, cfg);
+  const auto report = ops.show("shop", "waiting");
+  ASSERT_TRUE(report);
+  EXPECT_EQ(report->rec.state, record_state::parked);
+  ASSERT_EQ(report->history.size(), 1U);
+  EXPECT_EQ(report->history[0].outcome, "parked");
+  ASSERT_TRUE(ops.requeue("shop", "waiting", "after the migration").ok());
+  EXPECT_EQ(pay("waiting").status, 201);
+  EXPECT_EQ(rpcs, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Migration, testing::Values("sqlite", "mysql"),
+                         test::backend_name);
+
+}  // namespace
+}  // namespace orpheus
