@@ -116,6 +116,15 @@ int main(int argc, char** argv) {
   if (replay_cache_mb < 0 || replay_cache_mb > 1024 * 1024)
     f.fail("--replay-cache-mb must be from 0 to 1048576");
   cfg.replay_cache_bytes = static_cast<std::size_t>(replay_cache_mb) << 20;
+  // The alert for a payment out of attempts (issue 11): one line on stderr,
+  // once per parking. A real service pages someone; `orpheusctl list
+  // --state parked` shows them all.
+  cfg.on_parked = [](const orpheus::parked_event& e) {
+    std::cerr << "ALERT: payment parked for an operator: client " << e.scope << " key " << e.key
+              << ", " << e.reason << " after " << e.attempts << " attempts"
+              << (e.in_doubt ? " (the parking's commit was in doubt)" : "") << "; last error: "
+              << e.last_error << std::endl;
+  };
 
   try {
     std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc

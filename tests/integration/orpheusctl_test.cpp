@@ -1,0 +1,208 @@
+// orpheusctl against a populated store (issue 11, item 6): the real program,
+// its --json output parsed and checked, its exit codes, on a SQLite file and
+// on two MariaDB shards.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "orpheus/manager.hpp"
+#include "support/backends.hpp"
+#include "support/process.hpp"
+
+namespace orpheus {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+struct ran {
+  int code = -1;
+  std::string out;
+  [[nodiscard]] json parsed() const { return json::parse(out); }
+};
+
+ran run_ctl(const std::string& store_arg, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {std::string(ORPHEUS_BINARY_DIR) + "/adapters/ctl/orpheusctl",
+                                   "--store", store_arg};
+  argv.insert(argv.end(), args.begin(), args.end());
+  test::child_process p(argv);
+  ran r;
+  while (auto line = p.read_line(30s)) r.out += *line + "\n";
+  r.code = p.wait();
+  return r;
+}
+
+class Orpheusctl : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "sqlite") {
+      store_ = test::make_store("sqlite");
+      ASSERT_TRUE(store_);
+      // make_store's file: the same path, opened by the program.
+      store_arg_ = "sqlite:" + sqlite_path_of(*store_);
+    } else {
+      store_ = test::make_store("mysql", 2);
+      ASSERT_TRUE(store_);
+      const auto urls = test::mysql_urls();
+      store_arg_ = urls[0] + "," + urls[1];
+    }
+    scope_ = "ctl-" + test::random_hex();
+  }
+
+  static std::string sqlite_path_of(store& s) {
+    auto rows = s.backend().read(0, "PRAGMA database_list", {});
+    return rows.at(0).get<std::string>(2);
+  }
+
+  ran ctl(const std::vector<std::string>& args) { return run_ctl(store_arg_, args); }
+
+  request_id id(const std::string& key) const { return {scope_, key, fingerprint_of(key)}; }
+
+  // One payment through the library: the RPC fails (retryable) when `fail`.
+  response pay(manager& m, const std::string& key, bool fail, int& rpcs) {
+    return m.process(
+        id(key), [&](tx&) { return key; },
+        [&](const attempt& a, const std::string& k) -> std::string {
+          ++rpcs;
+          if (fail) throw retryable_error("bank_unavailable", "503 from bank");
+          return "ch_" + k + "_" + std::to_string(a.number());
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  }
+
+  std::unique_ptr<store> store_;
+  std::string store_arg_;
+  std::string scope_;
+};
+
+TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
+  config cfg;
+  cfg.max_attempts = 1;
+  manager m(*store_, cfg);
+  int rpcs = 0;
+  EXPECT_EQ(pay(m, "paid", false, rpcs).status, 201);
+  EXPECT_THROW(pay(m, "stuck", true, rpcs), error);
+  EXPECT_THROW(pay(m, "stuck", true, rpcs), error);    // parked
+  EXPECT_THROW(pay(m, "waiting", true, rpcs), error);  // retryable
+  ASSERT_EQ(store_->inspect(id("stuck"))->state, record_state::parked);
+
+  // show
+  auto r = ctl({"--json", "show", scope_, "stuck"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json stuck = r.parsed();
+  EXPECT_EQ(stuck["state"], "parked");
+  EXPECT_EQ(stuck["scope"], scope_);
+  EXPECT_EQ(stuck["shard"], store_->shard_of(id("stuck")));
+  EXPECT_EQ(stuck["attempts"], 1);
+  EXPECT_EQ(stuck["pre_state"], "\"stuck\"");
+  EXPECT_TRUE(stuck["response"].is_null());
+  ASSERT_EQ(stuck["history"].size(), 2U);
+  EXPECT_EQ(stuck["history"][0]["outcome"], "retryable");
+  EXPECT_NE(stuck["history"][0]["error"].get<std::string>().find("bank_unavailable"),
+            std::string::npos);
+  EXPECT_EQ(stuck["history"][1]["outcome"], "parked");
+  EXPECT_EQ(stuck["history"][1]["runner"], "client");
+  r = ctl({"show", scope_, "stuck"});  // the human form
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("parked"), std::string::npos) << r.out;
+  r = ctl({"--json", "show", scope_, "paid"});
+  ASSERT_EQ(r.code, 0);
+  EXPECT_EQ(r.parsed()["response"]["status"], 201);
+  EXPECT_EQ(r.parsed()["response"]["body"], "ch_paid_1");
+  EXPECT_EQ(ctl({"show", scope_, "nobody"}).code, 1);
+
+  // list and stats
+  r = ctl({"--json", "list", "--state", "parked", "--limit", "100000"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  int mine = 0;
+  for (const auto& row : r.parsed()) {
+    EXPECT_EQ(row["state"], "parked");
+    if (row["scope"] == scope_) {
+      ++mine;
+      EXPECT_EQ(row["key"], "stuck");
+      EXPECT_GE(row["unchanged_ms"].get<std::int64_t>(), 0);
+    }
+  }
+  EXPECT_EQ(mine, 1);
+  r = ctl({"--json", "list", "--state", "parked", "--older-than", "1h", "--limit", "100000"});
+  ASSERT_EQ(r.code, 0);
+  for (const auto& row : r.parsed()) EXPECT_NE(row["scope"], scope_);
+  r = ctl({"--json", "stats"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.parsed().size(), store_->shard_count());
+  std::int64_t parked = 0;
+  std::int64_t retryable = 0;
+  for (const auto& s : r.parsed()) {
+    parked += s["parked"].get<std::int64_t>();
+    retryable += s["retryable"].get<std::int64_t>();
+  }
+  EXPECT_GE(parked, 1);
+  EXPECT_GE(retryable, 1);
+
+  // Bad usage changes nothing and says so with exit code 2.
+  EXPECT_EQ(ctl({"requeue", scope_, "stuck"}).code, 2) << "--note is required";
+  EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "42", "--note", "x"}).code, 2);
+  EXPECT_EQ(ctl({"show", scope_, " bad key"}).code, 2);
+  EXPECT_EQ(ctl({"list", "--state", "lost"}).code, 2);
+  EXPECT_EQ(ctl({"frobnicate"}).code, 2);
+  EXPECT_EQ(store_->inspect(id("stuck"))->state, record_state::parked);
+  EXPECT_EQ(store_->inspect(id("waiting"))->state, record_state::retryable);
+
+  // requeue: the parked payment resumes at its next retry.
+  EXPECT_EQ(ctl({"requeue", scope_, "paid", "--note", "x"}).code, 3) << "refused: not parked";
+  EXPECT_EQ(ctl({"requeue", scope_, "nobody", "--note", "x"}).code, 1);
+  r = ctl({"--json", "requeue", scope_, "stuck", "--note", "bank back, ticket 7"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.parsed()["result"], "done");
+  EXPECT_EQ(pay(m, "stuck", false, rpcs).body, "ch_stuck_2");
+  r = ctl({"--json", "show", scope_, "stuck"});
+  EXPECT_EQ(r.parsed()["state"], "succeeded");
+  EXPECT_EQ(r.parsed()["history"].back()["outcome"], "requeued");
+  EXPECT_EQ(r.parsed()["history"].back()["runner"], "operator");
+
+  // resolve: an operator's outcome, replayed from then on.
+  const int before = rpcs;
+  r = ctl({"--json", "resolve", scope_, "waiting", "--status", "201", "--body",
+           R"({"charge":"by_hand"})", "--content-type", "application/json", "--note",
+           "bank says charged"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto replay = pay(m, "waiting", false, rpcs);
+  EXPECT_TRUE(replay.replayed);
+  EXPECT_EQ(replay.body, R"({"charge":"by_hand"})");
+  EXPECT_EQ(rpcs, before);
+  r = ctl({"--json", "resolve", scope_, "waiting", "--status", "201", "--note", "again"});
+  EXPECT_EQ(r.code, 3);
+  EXPECT_EQ(r.parsed()["result"], "refused");
+
+  // purge and migrate run and report.
+  r = ctl({"--json", "purge", "--batch", "500"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_GE(r.parsed()["deleted_rows"].get<std::int64_t>(), 0);
+  EXPECT_EQ(store_->inspect(id("paid"))->state, record_state::succeeded) << "within retention";
+  r = ctl({"--json", "migrate"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const auto& v : r.parsed()["schema_version"]) EXPECT_EQ(v, store_->schema_version(0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Orpheusctl, testing::Values("sqlite", "mysql"),
+                         test::backend_name);
+
+// The schema check is the same code for both backends; shown on SQLite.
+TEST(OrpheusctlStore, RefusesAStoreThatIsNotMigratedAndCreatesNoFile) {
+  const auto dir = std::filesystem::temp_directory_path() / ("orpheusctl-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  { sqlite_store fresh(sqlite_options{(dir / "old.db").string()}); }  // schema version 0
+  const auto old = run_ctl("sqlite:" + (dir / "old.db").string(), {"stats"});
+  EXPECT_EQ(old.code, 4);
+  EXPECT_EQ(run_ctl("sqlite:" + (dir / "missing.db").string(), {"stats"}).code, 2);
+  EXPECT_FALSE(std::filesystem::exists(dir / "missing.db")) << "only migrate creates a file";
+  const auto migrated = run_ctl("sqlite:" + (dir / "old.db").string(), {"--json", "migrate"});
+  ASSERT_EQ(migrated.code, 0);
+  EXPECT_EQ(migrated.parsed()["schema_version"][0], 3);
+  EXPECT_EQ(run_ctl("sqlite:" + (dir / "old.db").string(), {"stats"}).code, 0);
+}
+
+}  // namespace
+}  // namespace orpheus
