@@ -325,16 +325,21 @@ int audit(examples::flags& f) {
       problem(lost, "a charge of amount " + std::to_string(i + 1000) + " belongs to no payment");
     }
   }
-  // Records left unfinished: every record of this run should be terminal.
+  // Records left unfinished: every record of this run should be terminal
+  // (in progress, retryable, or parked for a person is not).
   long open_records = 0;
   for (std::size_t s = 0; s < store->shard_count(); ++s) {
     auto t = store->begin_on_shard(s);
-    const auto rows = t->query("SELECT COUNT(*) FROM orpheus_records WHERE state IN (1, 2)");
+    const auto rows = t->query("SELECT COUNT(*) FROM orpheus_records WHERE state IN (?, ?, ?)",
+                               std::int64_t{static_cast<int>(orpheus::record_state::in_progress)},
+                               std::int64_t{static_cast<int>(orpheus::record_state::retryable)},
+                               std::int64_t{static_cast<int>(orpheus::record_state::parked)});
     t->commit();
     open_records += rows.at(0).get<std::int64_t>(0);
   }
   if (open_records > 0) {
-    problem(unfinished, std::to_string(open_records) + " records in progress or retryable",
+    problem(unfinished,
+            std::to_string(open_records) + " records in progress, retryable or parked",
             open_records);
   }
   if (pending > 0) {
