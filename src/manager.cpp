@@ -120,7 +120,7 @@ void validate(const config& c) {
   }
 }
 
-manager::manager(store& s, config c) : store_(s), config_(c) {
+manager::manager(store& s, config c) : store_(s), config_(std::move(c)) {
   validate(config_);
   if (config_.replay_cache_bytes > 0) {
     replay_cache_ = std::make_shared<detail::replay_cache>(config_.replay_cache_bytes,

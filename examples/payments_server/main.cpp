@@ -122,8 +122,8 @@ int main(int argc, char** argv) {
   cfg.on_parked = [](const orpheus::parked_event& e) {
     std::cerr << "ALERT: payment parked for an operator: client " << e.scope << " key " << e.key
               << ", " << e.reason << " after " << e.attempts << " attempts"
-              << (e.in_doubt ? " (the parking's commit was in doubt)" : "") << "; last error: "
-              << e.last_error << std::endl;
+              << (e.in_doubt ? " (the parking's commit was in doubt)" : "")
+              << "; last error: " << e.last_error << std::endl;
   };
 
   try {

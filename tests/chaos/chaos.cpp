@@ -338,8 +338,7 @@ int audit(examples::flags& f) {
     open_records += rows.at(0).get<std::int64_t>(0);
   }
   if (open_records > 0) {
-    problem(unfinished,
-            std::to_string(open_records) + " records in progress, retryable or parked",
+    problem(unfinished, std::to_string(open_records) + " records in progress, retryable or parked",
             open_records);
   }
   if (pending > 0) {

@@ -171,7 +171,7 @@ std::optional<orpheus::record_state> state_of(const std::string& s) {
 
 std::string iso_time(std::int64_t us) {
   if (us <= 0) return "-";
-  const std::time_t secs = static_cast<std::time_t>(us / 1'000'000);
+  const auto secs = static_cast<std::time_t>(us / 1'000'000);
   std::tm tm{};
   gmtime_r(&secs, &tm);
   char buf[32];
