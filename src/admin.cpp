@@ -3,6 +3,7 @@
 // under the record's lock, like an attempt's.
 #include "orpheus/admin.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "orpheus/detail/record_row.hpp"
@@ -59,10 +60,13 @@ std::optional<record_report> admin::show(std::string_view scope, std::string_vie
 std::vector<record_summary> admin::list(record_state state, std::chrono::milliseconds older_than,
                                         std::size_t limit) {
   if (older_than.count() < 0) throw bad_input_error(codes::invalid_request, "older_than < 0");
+  // Up to `limit` from each shard, then the least recently changed of all
+  // (found in review: filling the limit from shard 0 first hid older records
+  // of later shards).
   std::vector<record_summary> out;
-  for (std::size_t s = 0; s < store_.shard_count() && out.size() < limit; ++s) {
+  for (std::size_t s = 0; s < store_.shard_count(); ++s) {
     const sql_value p[] = {std::int64_t{static_cast<int>(state)}, micros(older_than),
-                           static_cast<std::int64_t>(limit - out.size())};
+                           static_cast<std::int64_t>(limit)};
     for (const auto& row : store_.backend().read(s, store_.statements().list, p)) {
       const auto& v = row.values;
       record_summary r;
@@ -78,6 +82,10 @@ std::vector<record_summary> admin::list(record_state state, std::chrono::millise
       out.push_back(std::move(r));
     }
   }
+  std::stable_sort(out.begin(), out.end(), [](const record_summary& a, const record_summary& b) {
+    return a.updated_us < b.updated_us;
+  });
+  if (out.size() > limit) out.resize(limit);
   return out;
 }
 
@@ -140,7 +148,8 @@ admin_result admin::resolve(std::string_view scope, std::string_view key, const 
     t->rollback();
     return refused(*rec, is_terminal(rec->state)
                              ? "a finished request cannot be resolved again"
-                             : "an attempt holds a live lease on it; wait for it to end");
+                             : "an attempt may still be running (its call downstream too); "
+                               "resolve it once it is parked or retryable");
   }
   t->commit();
   return {};

@@ -25,6 +25,7 @@ constexpr std::array registry{
     code_info{codes::attempts_exhausted, internal, "core"},
     code_info{codes::retry_window_exhausted, internal, "core"},
     code_info{codes::request_parked, unavailable, "core"},
+    code_info{codes::handler_unknown, internal, "core"},
     code_info{codes::unclassified, internal, "core"},
     code_info{codes::post_rpc_failed, unavailable, "core"},
     code_info{codes::storage_error, internal, "core"},

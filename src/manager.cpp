@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include "orpheus/detail/records.hpp"
@@ -26,6 +27,9 @@ std::int64_t micros(std::chrono::milliseconds d) {
 lease_terms terms_of(const config& c) {
   return {micros(c.lease), micros(c.retry_window), micros(c.retention)};
 }
+
+constexpr std::string_view runner_client = "client";
+constexpr std::string_view runner_completer = "completer";
 
 [[noreturn]] void throw_mismatch() {
   throw error(error_info::of(error_class::invalid_input, codes::fingerprint_mismatch,
@@ -89,6 +93,11 @@ void validate(const config& c) {
   check(c.retry_window, "retry_window");
   check(c.retention, "retention");
   check(c.parked_retry_after, "parked_retry_after");
+  check(c.retry_backoff_base, "retry_backoff_base");
+  check(c.retry_backoff_max, "retry_backoff_max");
+  if (c.retry_backoff_max < c.retry_backoff_base) {
+    throw config_error("retry_backoff_max must not be shorter than retry_backoff_base");
+  }
   if (c.rpc_timeout >= c.lease) {
     throw config_error(
         "rpc_timeout must be shorter than the lease: Post-RPC has to run "
@@ -120,6 +129,19 @@ void validate(const config& c) {
   }
 }
 
+std::chrono::milliseconds retry_backoff(int attempts, std::chrono::milliseconds base,
+                                        std::chrono::milliseconds max, double random01) noexcept {
+  // base * 2^(attempts - 1), capped; "equal jitter": half of it fixed, the
+  // other half random, so the wait grows with every attempt and completers
+  // retrying many keys at once do not all come back at the same instant.
+  std::int64_t cap = base.count();
+  for (int i = 1; i < attempts && cap < max.count(); ++i) cap *= 2;
+  cap = std::min(cap, static_cast<std::int64_t>(max.count()));
+  const double r = std::clamp(random01, 0.0, 1.0);
+  return std::chrono::milliseconds(
+      cap / 2 + static_cast<std::int64_t>(static_cast<double>(cap - cap / 2) * r));
+}
+
 manager::manager(store& s, config c) : store_(s), config_(std::move(c)) {
   validate(config_);
   if (config_.replay_cache_bytes > 0) {
@@ -134,11 +156,11 @@ namespace {
 /// for it to expire. Harmless when the lease is gone or the record final.
 /// The caller must hold no transaction of this store: with a pool of one
 /// connection a second begin() would wait for the first forever.
-void release_quietly(store& s, const request_id& id, std::string_view owner,
-                     std::string_view why) noexcept {
+void release_quietly(store& s, const request_id& id, std::string_view owner, std::string_view why,
+                     const detail::run_context& ctx, std::int64_t retry_in_us) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
-    if (t->release(id, owner, why)) {
+    if (t->release(id, owner, why, retry_in_us, ctx.runner)) {
       t->commit();
     } else {
       t->rollback();
@@ -155,10 +177,10 @@ void release_quietly(store& s, const request_id& id, std::string_view owner,
 /// running downstream, and a retry must not overlap it. Fenced like release().
 bool hold_until(detail::record_tx& t, const request_id& id, std::string_view owner,
                 std::chrono::steady_clock::time_point until, const lease_terms& terms,
-                std::string_view why) {
+                std::string_view why, std::string_view runner) {
   const std::optional<record> r = t.lock(id);
   if (!r || r->state != record_state::in_progress || r->lease_owner != owner) return false;
-  t.add_history(id, "in_doubt", why);
+  t.add_history(id, "in_doubt", why, runner);
   lease_terms held = terms;
   held.lease_us = std::max<std::int64_t>(
       1000, std::chrono::duration_cast<std::chrono::microseconds>(until - clock::now()).count());
@@ -167,13 +189,15 @@ bool hold_until(detail::record_tx& t, const request_id& id, std::string_view own
 }
 
 /// Under transaction 1's lock: parks a record whose budget is spent, commits,
-/// and tells config::on_parked once the parking has committed (or, flagged,
-/// when its commit is in doubt). A hook that throws is logged, not passed on.
-void park_and_alert(detail::record_tx& t, const request_id& id, const record& r,
-                    std::string_view reason, const config& c) {
+/// gives the transaction (and its pooled connection) back, and only then
+/// tells config::on_parked, once the parking has committed (or, flagged,
+/// when its commit is in doubt): a slow hook must not hold a connection. A
+/// hook that throws is logged, not passed on.
+void park_and_alert(std::unique_ptr<detail::record_tx>& t, const request_id& id, const record& r,
+                    std::string_view reason, const config& c, std::string_view runner) {
   const std::string why = std::string(reason) + " after " + std::to_string(r.attempts) +
                           " attempts; last error: " + r.last_error;
-  t.park(id, why);
+  t->park(id, why, runner);
   parked_event event{id.scope, id.key, r.attempts, std::string(reason), r.last_error, false};
   const auto alert = [&] {
     if (!c.on_parked) return;
@@ -186,14 +210,16 @@ void park_and_alert(detail::record_tx& t, const request_id& id, const record& r,
     }
   };
   try {
-    t.commit();
+    t->commit();
   } catch (const storage_error& e) {
+    t.reset();
     if (e.in_doubt()) {
       event.in_doubt = true;
       alert();
     }
     throw;
   }
+  t.reset();
   log(log_level::warning, "scope " + id.scope + " key " + id.key + ": parked, " + why);
   alert();
 }
@@ -300,8 +326,8 @@ std::string reason_of(const error_info& e) {
 
 }  // namespace
 
-response manager::run(const request_id& id, const detail::phases& p,
-                      const process_options& options) {
+response manager::run(const request_id& id, const detail::phases& p, const process_options& options,
+                      const detail::run_context& ctx) {
   validate(id);  // bad input: before any database work
   const auto wait_until = clock::now() + options.wait_for;
   lease_terms terms = terms_of(config_);
@@ -344,6 +370,12 @@ response manager::run(const request_id& id, const detail::phases& p,
       }
     }
 
+    // The completer resumes records; it never starts one. A record gone
+    // since its claim (finished and purged, or resolved and purged) is not
+    // its business: running it as new would run the RPC of a request that
+    // was already answered.
+    if (!seen && ctx.runner == runner_completer) throw_in_progress(0);
+
     // 2. Acquire (transaction 1).
     const auto started = clock::now();
     // What transaction 1 leaves for the RPC: the attempt number, and the
@@ -357,7 +389,7 @@ response manager::run(const request_id& id, const detail::phases& p,
       auto t = detail::begin_record_tx(store_, id);
       app_tx handler_tx(*t);
       if (!seen) {
-        if (t->insert(id, owner, terms)) {
+        if (t->insert(id, owner, terms, ctx.handler, ctx.handler_version)) {
           // A new request: Pre-RPC runs here, once per key, with the lease row.
           nlohmann::json pre;
           try {
@@ -424,9 +456,9 @@ response manager::run(const request_id& id, const detail::phases& p,
             locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
         if (no_attempts || no_window) {
-          park_and_alert(*t, id, *locked,
+          park_and_alert(t, id, *locked,
                          no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
-                         config_);
+                         config_, ctx.runner);
           throw_parked(config_.parked_retry_after);
         }
         // The stored Pre-RPC result must still read as the handler's type
@@ -440,9 +472,15 @@ response manager::run(const request_id& id, const detail::phases& p,
         } catch (const std::exception& e) {
           unreadable = unreadable_pre_state(e.what());
         }
+        if (unreadable && ctx.runner == runner_completer) {
+          // Nobody is waiting for this answer, and a later pass would meet
+          // the same result: a person decides (requeue after a deploy).
+          park_and_alert(t, id, *locked, codes::pre_state_unreadable, config_, ctx.runner);
+          throw_parked(config_.parked_retry_after);
+        }
         if (unreadable) {
           t->take_lease(id, owner, locked->attempts, terms);
-          t->release(id, owner, reason_of(*unreadable));
+          t->release(id, owner, reason_of(*unreadable), backoff_us(locked->attempts), ctx.runner);
         } else {
           t->take_lease(id, owner, locked->attempts + 1, terms);
           attempt_number = locked->attempts + 1;
@@ -452,7 +490,9 @@ response manager::run(const request_id& id, const detail::phases& p,
     } catch (const storage_error& e) {
       // Nothing happened, or (in doubt) a lease may have landed: release it
       // so the retry need not wait for the lease to expire.
-      if (e.in_doubt()) release_quietly(store_, id, owner, e.what());
+      if (e.in_doubt()) {
+        release_quietly(store_, id, owner, e.what(), ctx, backoff_us(attempt_number));
+      }
       throw;
     }
     if (unreadable) {
@@ -466,7 +506,8 @@ response manager::run(const request_id& id, const detail::phases& p,
     if (clock::now() >= a.deadline()) {
       // Transaction 1 took the whole RPC budget (a stalled database): an RPC
       // started now could outlive the lease and overlap a take-over.
-      release_quietly(store_, id, owner, "the RPC deadline passed before the RPC started");
+      release_quietly(store_, id, owner, "the RPC deadline passed before the RPC started", ctx,
+                      backoff_us(attempt_number));
       throw error(error_info::of(error_class::unavailable, codes::deadline_exceeded,
                                  "the request ran out of time before calling downstream; "
                                  "retry with the same key"));
@@ -492,7 +533,9 @@ response manager::run(const request_id& id, const detail::phases& p,
         // An in-doubt RPC keeps its lease (to its end, here): releasing it
         // would let a retry overlap the call that may still run downstream.
         const bool in_doubt = failure && failure->in_doubt();
-        if (!in_doubt) release_quietly(store_, id, owner, reason_of(cause));
+        if (!in_doubt) {
+          release_quietly(store_, id, owner, reason_of(cause), ctx, backoff_us(a.number()));
+        }
         log(log_level::error, "scope " + id.scope + " key " + id.key +
                                   ": Post-RPC failed after the RPC ran: " + reason_of(cause));
         throw error(error_info::of(in_doubt ? error_class::in_doubt : error_class::unavailable,
@@ -508,9 +551,9 @@ response manager::run(const request_id& id, const detail::phases& p,
       } else if (failure->in_doubt()) {
         // The downstream outcome is unknown and the call may still be running
         // there: keep the key until this attempt's deadline has passed.
-        fenced = hold_until(*t, id, owner, a.deadline(), terms, reason_of(*failure));
+        fenced = hold_until(*t, id, owner, a.deadline(), terms, reason_of(*failure), ctx.runner);
       } else {
-        fenced = t->release(id, owner, reason_of(*failure));
+        fenced = t->release(id, owner, reason_of(*failure), backoff_us(a.number()), ctx.runner);
       }
       if (!fenced) {
         t->rollback();
@@ -540,7 +583,9 @@ response manager::run(const request_id& id, const detail::phases& p,
       }
       // An in-doubt RPC keeps its lease to its deadline (see hold_until):
       // releasing it here would let a retry overlap the call downstream.
-      if (!(failure && failure->in_doubt())) release_quietly(store_, id, owner, e.what());
+      if (!(failure && failure->in_doubt())) {
+        release_quietly(store_, id, owner, e.what(), ctx, backoff_us(a.number()));
+      }
       if (e.retryable()) throw;
       // Even a permanent database error here leaves the key retryable: the
       // RPC ran, so the client must come back and let a retry finish it.
@@ -553,6 +598,68 @@ response manager::run(const request_id& id, const detail::phases& p,
   }
   // Only a storm of inserts and purges on one key gets here.
   throw_in_progress(0);
+}
+
+std::int64_t manager::backoff_us(int attempts) const {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  const double r = std::uniform_real_distribution<double>(0.0, 1.0)(random);
+  return micros(retry_backoff(std::max(attempts, 1), config_.retry_backoff_base,
+                              config_.retry_backoff_max, r));
+}
+
+void manager::add_handler(std::string name, int version, registered_handler h) {
+  if (name.empty() || name.size() > 64 ||
+      !std::all_of(name.begin(), name.end(), [](unsigned char c) {
+        return std::isalnum(c) != 0 || c == '_' || c == '-' || c == '.';
+      })) {
+    throw config_error("a handler name is 1 to 64 characters of A-Z a-z 0-9 _ - .");
+  }
+  if (version < 1) throw config_error("a handler version is >= 1");
+  h.version = version;
+  if (!handlers_.emplace(std::move(name), std::move(h)).second) {
+    throw config_error("a handler with this name is registered already");
+  }
+}
+
+const manager::registered_handler& manager::handler_named(std::string_view name) const {
+  const auto h = handlers_.find(name);
+  if (h == handlers_.end()) {
+    throw config_error("no handler '" + std::string(name) + "' is registered");
+  }
+  return h->second;
+}
+
+response manager::complete(const request_id& id, std::string_view handler, int version) {
+  const auto h = handlers_.find(handler);
+  if (h != handlers_.end() && version <= h->second.version) {
+    // Never called: run() inserts nothing for the completer.
+    const pre_function no_pre = [](tx&) -> nlohmann::json {
+      throw std::logic_error("the completer never starts a request");
+    };
+    return h->second.run(
+        *this, id, {}, detail::run_context{h->first, h->second.version, runner_completer}, no_pre);
+  }
+  // Recorded by a handler this build does not have (another service on the
+  // same tables, or a newer version): never guessed at; a person decides.
+  validate(id);
+  auto t = detail::begin_record_tx(store_, id);
+  const std::optional<record> r = t->lock(id);
+  const bool due = r && r->fingerprint == id.fingerprint &&
+                   (r->state == record_state::retryable ||
+                    (r->state == record_state::in_progress && !lease_is_live(*r)));
+  if (!due) {
+    t->rollback();
+    throw_in_progress(0);
+  }
+  record why = *r;
+  why.last_error = "handler '" + std::string(handler) + "' version " + std::to_string(version) +
+                   " is not registered here" +
+                   (h == handlers_.end()
+                        ? ""
+                        : " (this build has version " + std::to_string(h->second.version) + ")") +
+                   (r->last_error.empty() ? "" : "; " + r->last_error);
+  park_and_alert(t, id, why, codes::handler_unknown, config_, runner_completer);
+  throw_parked(config_.parked_retry_after);
 }
 
 std::size_t manager::purge_expired(std::size_t batch_limit) {

@@ -131,7 +131,10 @@ record record_from_row(const sql_row& row, bool full) {
     out.updated_us = int_or_zero(v[13]);
     out.retry_until_us = int_or_zero(v[14]);
     out.expires_us = int_or_zero(v[15]);
-    out.attempts_before_requeue = static_cast<int>(int_or_zero(v.at(16)));
+    out.attempts_before_requeue = static_cast<int>(int_or_zero(v[16]));
+    out.handler = text_or_empty(v[17]);
+    out.handler_version = static_cast<int>(int_or_zero(v[18]));
+    out.next_attempt_us = int_or_zero(v.at(19));
   }
   return out;
 }

@@ -79,26 +79,31 @@ record_sql::record_sql(const sql_dialect& d) {
   // An unfinished record expires too, at the end of its retry window plus the
   // retention, so an abandoned one is purged in the end (finish() moves
   // expires_us to its own retention).
+  // next_attempt_us: when the completer may look at a record (docs/
+  // operations.md). Under a lease, when the lease ends; retryable, after the
+  // backoff; finished or parked, never (NULL).
   insert =
       "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, attempts, lease_owner, "
-      "lease_expires_us, created_us, updated_us, retry_until_us, expires_us) VALUES (?, ?, ?, " +
+      "lease_expires_us, created_us, updated_us, retry_until_us, expires_us, handler, "
+      "handler_version, next_attempt_us) VALUES (?, ?, ?, " +
       in_progress + ", 1, ?, " + now + " + ?, " + now + ", " + now + ", " + now + " + ?, " + now +
-      " + ? + ?)" + d.insert_if_absent_suffix;
+      " + ? + ?, ?, ?, " + now + " + ?)" + d.insert_if_absent_suffix;
   save_pre_state = "UPDATE orpheus_records SET pre_state = ?, updated_us = " + now + fence();
   take_lease = "UPDATE orpheus_records SET state = " + in_progress +
-               ", lease_owner = ?, lease_expires_us = " + now +
+               ", lease_owner = ?, lease_expires_us = " + now + " + ?, next_attempt_us = " + now +
                " + ?, attempts = ?, updated_us = " + now + " WHERE scope = ? AND idem_key = ?";
   finish =
       "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, last_error = ?, "
-      "lease_owner = NULL, lease_expires_us = NULL, expires_us = " +
+      "lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, expires_us = " +
       now + " + ?, updated_us = " + now + fence();
   release = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
-            ", lease_owner = NULL, lease_expires_us = NULL, last_error = ?, updated_us = " + now +
-            fence();
+            ", lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = " + now +
+            " + ?, last_error = ?, updated_us = " + now + fence();
   const std::string parked = number(record_state::parked);
   park = "UPDATE orpheus_records SET state = " + parked +
-         ", lease_owner = NULL, lease_expires_us = NULL, last_error = ?, updated_us = " + now +
-         " WHERE scope = ? AND idem_key = ?";
+         ", lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, last_error = ?, "
+         "updated_us = " +
+         now + " WHERE scope = ? AND idem_key = ?";
   // The attempt number comes from the record itself, in the same statement.
   add_history =
       "INSERT INTO orpheus_attempts(scope, idem_key, attempt, at_us, outcome, runner, error) "
@@ -113,52 +118,63 @@ record_sql::record_sql(const sql_dialect& d) {
       ", 'abandoned', 'client', 'the lease expired before the attempt finished' FROM "
       "orpheus_records r WHERE scope = ? AND idem_key = ? AND NOT EXISTS (SELECT 1 FROM "
       "orpheus_attempts a WHERE a.scope = r.scope AND a.idem_key = r.idem_key AND a.attempt = "
-      "r.attempts)";
-  // Rows older than the record are another record's: one that was purged
-  // while an attempt of it still wrote its history (see purge_history).
+      "r.attempts AND a.at_us >= r.created_us)";
+  // Rows older than the record are another record's (none should be left:
+  // the purge deletes a record and its history together; a safety net).
   history =
       "SELECT attempt, at_us, outcome, runner, COALESCE(step, ''), COALESCE(error, '') FROM "
       "orpheus_attempts WHERE scope = ? AND idem_key = ? AND at_us >= ? ORDER BY id";
   requeue = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
-            ", attempts_before_requeue = attempts, retry_until_us = " + now +
-            " + ?, expires_us = " + now + " + ? + ?, last_error = ?, updated_us = " + now +
+            ", attempts_before_requeue = attempts, next_attempt_us = " + now +
+            ", retry_until_us = " + now + " + ?, expires_us = " + now +
+            " + ? + ?, last_error = ?, updated_us = " + now +
             " WHERE scope = ? AND idem_key = ? AND state = " + parked;
+  // Only a record no attempt can be running for: a lease that merely
+  // expired may belong to a call still going on downstream (in doubt).
   resolve =
       "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, last_error = ?, "
-      "lease_owner = NULL, lease_expires_us = NULL, expires_us = " +
+      "lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, expires_us = " +
       now + " + ?, updated_us = " + now +
       " WHERE scope = ? AND idem_key = ? AND (state = " + parked +
-      " OR state = " + number(record_state::retryable) + " OR (state = " + in_progress +
-      " AND (lease_expires_us IS NULL OR lease_expires_us < " + now + ")))";
+      " OR state = " + number(record_state::retryable) + ")";
   list =
       "SELECT scope, idem_key, state, attempts, created_us, updated_us, COALESCE(last_error, "
       "''), " +
       now + " FROM orpheus_records WHERE state = ? AND updated_us <= " + now +
       " - ? ORDER BY updated_us LIMIT ?";
   count_by_state = "SELECT state, COUNT(*) FROM orpheus_records GROUP BY state";
+  // The completer's claim: records with a handler that are due, retryable or
+  // in progress under an expired lease, oldest due first; the rows are
+  // locked (others pass over them) until claim_hold has pushed them out.
+  claim =
+      "SELECT scope, idem_key, fingerprint, handler, COALESCE(handler_version, 0) FROM "
+      "orpheus_records WHERE next_attempt_us <= " +
+      now + " AND handler IS NOT NULL AND (state = " + number(record_state::retryable) +
+      " OR (state = " + in_progress + " AND lease_expires_us < " + now +
+      ")) ORDER BY next_attempt_us LIMIT ?" + d.skip_locked_suffix;
+  claim_hold = "UPDATE orpheus_records SET next_attempt_us = " + now +
+               " + ? WHERE scope = ? AND idem_key = ?";
   // Any state but parked goes once its expiry has passed, except a record
   // under a live lease: someone is working on it right now. A parked record
-  // waits for a person, however old. Its history goes first, in the same
-  // transaction, and a record goes only once it has none left, so a record
-  // and its history leave together (an attempt that writes history for a
-  // record at the moment it is purged can leave a row behind on MySQL;
-  // history() ignores rows older than the record that reads them).
-  const auto purgeable = [&](const std::string& t) {
-    return t + "expires_us < " + now + " AND " + t + "state <> " + parked + " AND (" + t +
-           "state <> " + in_progress + " OR " + t + "lease_expires_us IS NULL OR " + t +
-           "lease_expires_us < " + now + ")";
-  };
-  purge_history = d.bounded_delete(
-      "orpheus_attempts",
-      "EXISTS (SELECT 1 FROM orpheus_records r WHERE r.scope = orpheus_attempts.scope AND "
-      "r.idem_key = orpheus_attempts.idem_key AND " +
-          purgeable("r.") + ")",
-      "id");
-  purge = d.bounded_delete("orpheus_records",
-                           purgeable("") +
-                               " AND NOT EXISTS (SELECT 1 FROM orpheus_attempts a WHERE a.scope "
-                               "= orpheus_records.scope AND a.idem_key = orpheus_records.idem_key)",
-                           "expires_us");
+  // waits for a person, however old. A pass picks the records by the expiry
+  // index and locks them, then deletes their history and them by key, in
+  // one transaction: nothing can write history for, or park, a record
+  // between the two deletes, and no statement scans the history table.
+  const std::string purgeable = "expires_us < " + now + " AND state <> " + parked +
+                                " AND (state <> " + in_progress +
+                                " OR lease_expires_us IS NULL OR lease_expires_us < " + now + ")";
+  purge_select =
+      "SELECT scope, idem_key, CASE WHEN EXISTS (SELECT 1 FROM orpheus_attempts a WHERE a.scope "
+      "= orpheus_records.scope AND a.idem_key = orpheus_records.idem_key) THEN 1 ELSE 0 END "
+      "FROM orpheus_records WHERE " +
+      purgeable + " ORDER BY expires_us LIMIT ?" + d.lock_suffix;
+  std::string keys;  // purge_chunk (scope, key) pairs
+  for (std::size_t i = 0; i < purge_chunk; ++i) {
+    keys += (i == 0 ? "(" : " OR (");
+    keys += "scope = ? AND idem_key = ?)";
+  }
+  purge_history_of = "DELETE FROM orpheus_attempts WHERE " + keys;
+  purge_records_of = "DELETE FROM orpheus_records WHERE (" + keys + ") AND " + purgeable;
   create_version_table = d.create_version_table;
   count_tables = d.count_tables;
   max_version = "SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version";
@@ -169,10 +185,20 @@ record_sql::record_sql(const sql_dialect& d) {
 record_tx::record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql)
     : t_(std::move(t)), sql_(sql) {}
 
-bool record_tx::insert(const request_id& id, std::string_view owner, const lease_terms& t) {
-  const sql_value p[] = {id.scope,           id.key,        id.fingerprint,
-                         std::string(owner), t.lease_us,    t.retry_window_us,
-                         t.retry_window_us,  t.retention_us};
+bool record_tx::insert(const request_id& id, std::string_view owner, const lease_terms& t,
+                       std::string_view handler, int handler_version) {
+  const sql_value no_handler = nullptr;
+  const sql_value p[] = {id.scope,
+                         id.key,
+                         id.fingerprint,
+                         std::string(owner),
+                         t.lease_us,
+                         t.retry_window_us,
+                         t.retry_window_us,
+                         t.retention_us,
+                         handler.empty() ? no_handler : sql_value(std::string(handler)),
+                         handler.empty() ? no_handler : sql_value(std::int64_t{handler_version}),
+                         t.lease_us};
   return t_->insert_if_absent(sql_.insert, p);
 }
 
@@ -191,7 +217,8 @@ bool record_tx::save_pre_state(const request_id& id, std::string_view owner,
 
 void record_tx::take_lease(const request_id& id, std::string_view owner, int attempts,
                            const lease_terms& t) {
-  const sql_value p[] = {std::string(owner), t.lease_us, std::int64_t{attempts}, id.scope, id.key};
+  const sql_value p[] = {std::string(owner),     t.lease_us, t.lease_us,
+                         std::int64_t{attempts}, id.scope,   id.key};
   t_->execute_values(sql_.take_lease, p);
 }
 
@@ -209,17 +236,18 @@ bool record_tx::finish(const request_id& id, std::string_view owner, record_stat
   return t_->execute_fenced(sql_.finish, p, &finish_fence_failed);
 }
 
-bool record_tx::release(const request_id& id, std::string_view owner, std::string_view why) {
-  const sql_value p[] = {std::string(why), id.scope, id.key, std::string(owner)};
+bool record_tx::release(const request_id& id, std::string_view owner, std::string_view why,
+                        std::int64_t retry_in_us, std::string_view runner) {
+  const sql_value p[] = {retry_in_us, std::string(why), id.scope, id.key, std::string(owner)};
   if (t_->execute_values(sql_.release, p) != 1) return false;
-  add_history(id, "retryable", why);
+  add_history(id, "retryable", why, runner);
   return true;
 }
 
-void record_tx::park(const request_id& id, std::string_view why) {
+void record_tx::park(const request_id& id, std::string_view why, std::string_view runner) {
   const sql_value p[] = {std::string(why), id.scope, id.key};
   t_->execute_values(sql_.park, p);
-  add_history(id, "parked", why);
+  add_history(id, "parked", why, runner);
 }
 
 void record_tx::add_history(const request_id& id, std::string_view outcome, std::string_view error,

@@ -2,6 +2,10 @@
 // backend. The SQL is the record layer's (records.cpp); the backend runs it.
 #include "orpheus/store.hpp"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "orpheus/detail/record_row.hpp"
 #include "orpheus/detail/records.hpp"
 #include "orpheus/shard_map.hpp"
@@ -55,11 +59,33 @@ std::unique_ptr<transaction> store::begin_on_shard(std::size_t shard) {
 
 std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
   auto t = begin_on_shard(shard);
-  // History first: a record goes only once its history is gone (records.cpp).
-  const auto history = t->execute(sql_->purge_history, static_cast<std::int64_t>(limit));
-  const auto records = t->execute(sql_->purge, static_cast<std::int64_t>(limit));
+  // The records, locked, then their history and them, by key (records.cpp).
+  std::vector<std::pair<std::string, std::string>> all;
+  std::vector<std::pair<std::string, std::string>> with_history;
+  for (const auto& row : t->query(sql_->purge_select, static_cast<std::int64_t>(limit))) {
+    const auto& v = row.values;
+    std::pair key{std::get<std::string>(v.at(0)), std::get<std::string>(v.at(1))};
+    if (detail::int_or_zero(v.at(2)) != 0) with_history.push_back(key);
+    all.push_back(std::move(key));
+  }
+  std::size_t n = 0;
+  const auto delete_by_key = [&](const std::string& sql,
+                                 const std::vector<std::pair<std::string, std::string>>& keys) {
+    for (std::size_t i = 0; i < keys.size(); i += detail::purge_chunk) {
+      std::vector<sql_value> p;
+      p.reserve(2 * detail::purge_chunk);
+      for (std::size_t k = 0; k < detail::purge_chunk; ++k) {
+        const auto& key = keys[std::min(i + k, keys.size() - 1)];
+        p.emplace_back(key.first);
+        p.emplace_back(key.second);
+      }
+      n += t->execute_values(sql, p);
+    }
+  };
+  delete_by_key(sql_->purge_history_of, with_history);
+  delete_by_key(sql_->purge_records_of, all);
   t->commit();
-  return history + records;
+  return n;
 }
 
 void store::migrate() {

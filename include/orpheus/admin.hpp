@@ -116,10 +116,12 @@ class admin {
 
   /// Records an outcome decided by a person (after checking downstream what
   /// really happened): `r` is replayed from now on, as succeeded when its
-  /// status is below 400 and as failed otherwise. Refused for a finished
-  /// record and for one under a live lease (an attempt is running); allowed
-  /// for parked, retryable, and in progress under an expired lease.
-  /// Throws bad_input_error when r.status is not 100..599.
+  /// status is below 400 and as failed otherwise. Only for a parked or
+  /// retryable record: refused for a finished one and for one in progress,
+  /// even under an expired lease (its call may still be running downstream;
+  /// wait for a take-over or for it to park). Nothing of the handler runs:
+  /// the application's own rows for the request are the operator's to set
+  /// right. Throws bad_input_error when r.status is not 100..599.
   admin_result resolve(std::string_view scope, std::string_view key, const response& r,
                        std::string_view note);
 

@@ -70,6 +70,10 @@ struct sql_dialect {
   /// Appended to a SELECT to lock its rows until the transaction ends (""
   /// when a write transaction already excludes every other writer).
   std::string lock_suffix;
+  /// Appended to the completer's claim (a SELECT of due records): lock the
+  /// rows it returns and pass over rows another transaction holds ("" where a
+  /// write transaction already excludes every other writer).
+  std::string skip_locked_suffix;
   /// Appended to an INSERT so that a duplicate key changes nothing without
   /// an error ("" when the backend reports a duplicate key as false).
   std::string insert_if_absent_suffix;

@@ -53,6 +53,7 @@ inline constexpr std::string_view commit_in_doubt = "commit_in_doubt";
 inline constexpr std::string_view attempts_exhausted = "attempts_exhausted";
 inline constexpr std::string_view retry_window_exhausted = "retry_window_exhausted";
 inline constexpr std::string_view request_parked = "request_parked";
+inline constexpr std::string_view handler_unknown = "handler_unknown";
 inline constexpr std::string_view unclassified = "unclassified_error";
 inline constexpr std::string_view post_rpc_failed = "post_rpc_failed";
 inline constexpr std::string_view storage_error = "storage_error";

@@ -75,11 +75,14 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeindex>
+#include <typeinfo>
 #include <utility>
 #include <variant>
 
@@ -127,6 +130,10 @@ struct config {
   std::function<void(const parked_event&)> on_parked{};
   /// The Retry-After of the answer to a parked key (codes::request_parked).
   std::chrono::milliseconds parked_retry_after = std::chrono::seconds{60};
+  /// How long a completer waits before it retries a request that failed in a
+  /// way safe to retry: retry_backoff(attempts, base, max, random).
+  std::chrono::milliseconds retry_backoff_base = std::chrono::seconds{1};
+  std::chrono::milliseconds retry_backoff_max = std::chrono::minutes{5};
   /// How long terminal records are kept (and replayed) before purge.
   std::chrono::milliseconds retention = std::chrono::hours{24 * 7};
   /// How exceptions that are not orpheus::error are classified.
@@ -145,6 +152,14 @@ struct config {
   /// again. With the cache on: positive, and not longer than retention.
   std::chrono::milliseconds replay_cache_ttl = std::chrono::seconds{60};
 };
+
+/// The completer's wait before the next attempt of a request that has made
+/// `attempts` attempts: base * 2^(attempts - 1), at most `max`, half of it
+/// fixed and half scaled by `random01` (in [0, 1]; "equal jitter"), so that
+/// it grows with every attempt and many keys do not come back at once.
+[[nodiscard]] std::chrono::milliseconds retry_backoff(int attempts, std::chrono::milliseconds base,
+                                                      std::chrono::milliseconds max,
+                                                      double random01) noexcept;
 
 /// Throws config_error for a configuration the library refuses: non-positive
 /// durations, rpc_timeout not shorter than the lease, max_attempts < 1, a
@@ -209,6 +224,13 @@ concept post_on_success_with_state =
 template <class Post, class T>
 concept post_on_success = std::is_invocable_r_v<response, Post&, tx&, const attempt&, const T&>;
 
+/// Who runs a request and for which registered handler (empty: none).
+struct run_context {
+  std::string_view handler;
+  int handler_version = 0;
+  std::string_view runner = "client";  ///< "client" or "completer", for the history
+};
+
 /// The three phases with their types erased; see manager::process().
 struct phases {
   std::function<nlohmann::json(tx&)> pre;
@@ -267,11 +289,69 @@ class manager {
   [[nodiscard]] store& storage() noexcept { return store_; }
   [[nodiscard]] const config& settings() const noexcept { return config_; }
 
+  /// Registers a request's RPC and Post-RPC under a name, so that the
+  /// request can be finished without its client: its record keeps the name
+  /// and version, and a completer (orpheus/completer.hpp) resumes it with
+  /// these phases and the stored Pre-RPC result, read as `PreState`
+  /// (docs/operations.md). Pre-RPC is not registered: it runs once, with the
+  /// client's request, and is given to process(handler, id, pre).
+  ///
+  ///   m.register_handler<payment>("create_payment", 1, charge, record);
+  ///   m.process("create_payment", id, [&](orpheus::tx& t) { ...; return payment{...}; });
+  ///
+  /// The phases are copied and called from any thread that calls process()
+  /// or complete(); register every handler before serving (registration is
+  /// not thread-safe). Throws config_error for a name that is not 1 to 64
+  /// characters of A-Z a-z 0-9 _ - ., a version below 1, or a name
+  /// registered already.
+  template <class PreState, class Rpc, class Post>
+  requires rpc_phase<Rpc, PreState> &&
+      post_rpc_phase<Post, PreState, detail::outcome_of_rpc<Rpc, PreState>>
+  void register_handler(std::string name, int version, Rpc rpc, Post post);
+
+  /// process() with the RPC and Post-RPC registered under `handler`, and
+  /// this request's Pre-RPC. The record remembers the handler. Throws
+  /// config_error when no handler has that name, or when `pre` returns
+  /// another type than the one the handler was registered with.
+  template <pre_rpc_phase Pre>
+  response process(std::string_view handler, const request_id& id, Pre&& pre,
+                   const process_options& options = {});
+
+  /// For the completer: resumes the claimed request `id` (its fingerprint as
+  /// recorded) with the handler its record names, as a retry run by the
+  /// completer. A handler this build does not have, or has only in an older
+  /// version, parks the request (codes::handler_unknown), as does a stored
+  /// Pre-RPC result the handler cannot read: never guessed at. Throws what
+  /// process() throws (409 when someone else holds the key, request_parked,
+  /// a retryable failure).
+  response complete(const request_id& id, std::string_view handler, int version);
+
  private:
-  response run(const request_id& id, const detail::phases& p, const process_options& options);
+  using pre_function = std::function<nlohmann::json(tx&)>;
+  struct registered_handler {
+    int version = 0;
+    std::type_index pre_state = typeid(void);
+    std::function<response(manager&, const request_id&, const process_options&,
+                           const detail::run_context&, const pre_function&)>
+        run;
+  };
+
+  // The phases of one call: `pre` gives the Pre-RPC result as JSON (a
+  // completer's never runs: it only resumes records that exist).
+  template <class PreState, class Rpc, class Post>
+  response process_with(const detail::run_context& ctx, const request_id& id,
+                        const pre_function& pre, Rpc& rpc, Post& post,
+                        const process_options& options);
+  const registered_handler& handler_named(std::string_view name) const;
+  response run(const request_id& id, const detail::phases& p, const process_options& options,
+               const detail::run_context& ctx);
+  void add_handler(std::string name, int version, registered_handler h);
+  /// The completer's wait after `attempts` attempts, drawn with jitter.
+  [[nodiscard]] std::int64_t backoff_us(int attempts) const;
 
   store& store_;
   config config_;
+  std::map<std::string, registered_handler, std::less<>> handlers_;
   /// Null when config::replay_cache_bytes is 0. Copies of a manager share it.
   std::shared_ptr<detail::replay_cache> replay_cache_;
 };
@@ -281,44 +361,78 @@ requires post_rpc_phase<Post, detail::pre_state_of<Pre>,
                         detail::outcome_of_rpc<Rpc, detail::pre_state_of<Pre>>>
     response manager::process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
                               const process_options& options) {
-  using pre_state = detail::pre_state_of<Pre>;
+  return process_with<detail::pre_state_of<Pre>>(
+      detail::run_context{}, id, [&](tx& t) { return nlohmann::json(std::invoke(pre, t)); }, rpc,
+      post, options);
+}
+
+template <class PreState, class Rpc, class Post>
+requires rpc_phase<Rpc, PreState> &&
+    post_rpc_phase<Post, PreState, detail::outcome_of_rpc<Rpc, PreState>>
+void manager::register_handler(std::string name, int version, Rpc rpc, Post post) {
+  registered_handler h;
+  h.pre_state = typeid(PreState);
+  h.run = [rpc = std::move(rpc), post = std::move(post)](
+              manager& m, const request_id& id, const process_options& options,
+              const detail::run_context& ctx, const pre_function& pre) mutable {
+    return m.process_with<PreState>(ctx, id, pre, rpc, post, options);
+  };
+  add_handler(std::move(name), version, std::move(h));
+}
+
+template <pre_rpc_phase Pre>
+response manager::process(std::string_view handler, const request_id& id, Pre&& pre,
+                          const process_options& options) {
+  const registered_handler& h = handler_named(handler);
+  if (h.pre_state != typeid(detail::pre_state_of<Pre>)) {
+    throw config_error("handler '" + std::string(handler) +
+                       "': Pre-RPC returns another type than the one it was registered with");
+  }
+  return h.run(*this, id, options, detail::run_context{handler, h.version, "client"},
+               [&](tx& t) { return nlohmann::json(std::invoke(pre, t)); });
+}
+
+template <class PreState, class Rpc, class Post>
+response manager::process_with(const detail::run_context& ctx, const request_id& id,
+                               const pre_function& pre, Rpc& rpc, Post& post,
+                               const process_options& options) {
+  using pre_state = PreState;
   using outcome_t = detail::outcome_of_rpc<Rpc, pre_state>;
   using value_t = typename outcome_t::value_type;
 
   std::optional<pre_state> state;
   std::optional<outcome_t> result;
   const unclassified_policy policy = config_.unclassified;
-  detail::phases p{[&](tx& t) { return nlohmann::json(std::invoke(pre, t)); },
-                   [&](const nlohmann::json& stored) { state.emplace(stored.get<pre_state>()); },
-                   [&](const attempt& a) -> std::optional<error_info> {
-                     try {
-                       result.emplace(std::invoke(rpc, a, std::as_const(*state)));
-                     } catch (...) {
-                       result.emplace(classify(std::current_exception(), policy));
-                     }
-                     if (result->ok()) return std::nullopt;
-                     return result->error();
-                   },
-                   [&](tx& t, const attempt& a) -> response {
-                     // The outcome kinds first: outcome<T> converts from T,
-                     // so they would also take the success kinds' argument.
-                     if constexpr (detail::post_on_outcome_with_state<Post, pre_state, outcome_t>) {
-                       return std::invoke(post, t, a, std::as_const(*state),
-                                          std::as_const(*result));
-                     } else if constexpr (detail::post_on_outcome<Post, outcome_t>) {
-                       return std::invoke(post, t, a, std::as_const(*result));
-                     } else {
-                       // Success only: a failure is recorded (non-retryable)
-                       // or left retryable by the library, never by Post-RPC.
-                       if (!result->ok()) return problem_response(result->error());
-                       if constexpr (detail::post_on_success_with_state<Post, pre_state, value_t>) {
-                         return std::invoke(post, t, a, std::as_const(*state), result->value());
-                       } else {
-                         return std::invoke(post, t, a, result->value());
-                       }
-                     }
-                   }};
-  return run(id, p, options);
+  detail::phases p{
+      pre, [&](const nlohmann::json& stored) { state.emplace(stored.get<pre_state>()); },
+      [&](const attempt& a) -> std::optional<error_info> {
+        try {
+          result.emplace(std::invoke(rpc, a, std::as_const(*state)));
+        } catch (...) {
+          result.emplace(classify(std::current_exception(), policy));
+        }
+        if (result->ok()) return std::nullopt;
+        return result->error();
+      },
+      [&](tx& t, const attempt& a) -> response {
+        // The outcome kinds first: outcome<T> converts from T,
+        // so they would also take the success kinds' argument.
+        if constexpr (detail::post_on_outcome_with_state<Post, pre_state, outcome_t>) {
+          return std::invoke(post, t, a, std::as_const(*state), std::as_const(*result));
+        } else if constexpr (detail::post_on_outcome<Post, outcome_t>) {
+          return std::invoke(post, t, a, std::as_const(*result));
+        } else {
+          // Success only: a failure is recorded (non-retryable)
+          // or left retryable by the library, never by Post-RPC.
+          if (!result->ok()) return problem_response(result->error());
+          if constexpr (detail::post_on_success_with_state<Post, pre_state, value_t>) {
+            return std::invoke(post, t, a, std::as_const(*state), result->value());
+          } else {
+            return std::invoke(post, t, a, result->value());
+          }
+        }
+      }};
+  return run(id, p, options, ctx);
 }
 
 template <pre_rpc_phase Pre, rpc_phase<detail::pre_state_of<Pre>> Rpc, class Post>

@@ -65,6 +65,13 @@ struct record {
   /// config::max_attempts. `attempts` itself never goes down, so a requeued
   /// request's next attempt is still a retry (attempt::is_retry()).
   int attempts_before_requeue = 0;
+  /// The registered handler that can finish the request without its client
+  /// (manager::register_handler); empty: only its client can.
+  std::string handler;
+  int handler_version = 0;
+  /// When the completer may try it next, database clock; 0: never (finished,
+  /// parked, or written before schema version 3).
+  std::int64_t next_attempt_us = 0;
 };
 
 /// Lease and retention figures a write needs, in microseconds.
@@ -105,10 +112,9 @@ class store {
   /// does not exist.
   std::unique_ptr<transaction> begin_on_shard(std::size_t shard);
   /// Deletes at most `limit` records of `shard` whose retention deadline has
-  /// passed (never one under a live lease, never a parked one), and at most
-  /// `limit` rows of their history; a record goes once its history is gone.
-  /// Returns how many rows were deleted (records and history): 0 when there
-  /// is nothing left to purge.
+  /// passed (never one under a live lease, never a parked one), oldest
+  /// first, with their history, in one transaction. Returns how many rows
+  /// were deleted (records and history): 0 when there is nothing left.
   std::size_t purge_expired(std::size_t shard, std::size_t limit);
   /// Applies the schema migrations this library version ships that a
   /// shard's schema version table does not list yet, on every shard.

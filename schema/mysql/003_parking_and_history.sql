@@ -3,13 +3,17 @@
 -- state 5, parked: out of attempts or out of its retry window, waiting for a
 -- person (state is a TINYINT with no CHECK here: nothing to widen).
 -- attempts_before_requeue: the attempts made before the last requeue, which
--- do not count against the attempt cap any more.
+-- do not count against the attempt cap any more; handler and handler_version:
+-- the registered handler that can finish the request without its client
+-- (NULL: only its client can); next_attempt_us: when the completer may try it
+-- next (NULL: never), indexed for the completer's claim.
 --
 -- MySQL commits each DDL statement on its own. The table comes first and is
--- created only if missing; the ALTER is last, and the version row is written
--- right after it. A run stopped between the ALTER and that row leaves the
--- column in place, and the next run fails on it ("Duplicate column name"):
--- then DROP the column by hand and migrate again.
+-- created only if missing; the ALTER (one statement: all of it or nothing) is
+-- last, and the version row is written right after it. A run stopped between
+-- the ALTER and that row leaves the columns in place, and the next run fails
+-- on them ("Duplicate column name"): then drop them (and the index) by hand
+-- and migrate again.
 CREATE TABLE IF NOT EXISTS orpheus_attempts (
   id       BIGINT         NOT NULL AUTO_INCREMENT,
   scope    VARBINARY(255) NOT NULL,
@@ -23,4 +27,8 @@ CREATE TABLE IF NOT EXISTS orpheus_attempts (
   PRIMARY KEY (id),
   KEY orpheus_attempts_key (scope, idem_key, id)
 ) ENGINE=InnoDB ROW_FORMAT=DYNAMIC;
-ALTER TABLE orpheus_records ADD COLUMN attempts_before_requeue INT NOT NULL DEFAULT 0;
+ALTER TABLE orpheus_records ADD COLUMN attempts_before_requeue INT NOT NULL DEFAULT 0,
+  ADD COLUMN handler VARBINARY(64) NULL,
+  ADD COLUMN handler_version INT NULL,
+  ADD COLUMN next_attempt_us BIGINT NULL,
+  ADD INDEX orpheus_records_next_attempt (next_attempt_us);

@@ -5,7 +5,9 @@
 -- table is rebuilt with the wider one (the whole migration is one
 -- transaction on SQLite: all or nothing) and gains attempts_before_requeue:
 -- the attempts made before the last requeue, which do not count against the
--- attempt cap any more.
+-- attempt cap any more; handler and handler_version: the registered handler
+-- that can finish the request without its client (NULL: only its client can);
+-- next_attempt_us: when the completer may try it next (NULL: never).
 CREATE TABLE orpheus_records_v3 (
   scope                   TEXT    NOT NULL,
   idem_key                TEXT    NOT NULL,
@@ -25,6 +27,9 @@ CREATE TABLE orpheus_records_v3 (
   retry_until_us          INTEGER NOT NULL,
   expires_us              INTEGER,
   attempts_before_requeue INTEGER NOT NULL DEFAULT 0,
+  handler                 TEXT,
+  handler_version         INTEGER,
+  next_attempt_us         INTEGER,
   PRIMARY KEY (scope, idem_key)
 );
 INSERT INTO orpheus_records_v3 (scope, idem_key, fingerprint, state, attempts, lease_owner,
@@ -37,6 +42,7 @@ DROP TABLE orpheus_records;
 ALTER TABLE orpheus_records_v3 RENAME TO orpheus_records;
 CREATE INDEX orpheus_records_expiry ON orpheus_records (state, expires_us);
 CREATE INDEX orpheus_records_expires_us ON orpheus_records (expires_us);
+CREATE INDEX orpheus_records_next_attempt ON orpheus_records (next_attempt_us);
 -- One row per attempt that did not finish its record (a retryable outcome, an
 -- outcome in doubt, a lease that expired under it), and per parking, requeue
 -- and resolution. The attempt that finishes a record is the record itself

@@ -2,13 +2,16 @@
 // Runs on a real SQLite file and on the real MariaDB server of scripts/test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include "orpheus/admin.hpp"
+#include "orpheus/completer.hpp"
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
 #include "support/forwarding_store.hpp"
@@ -637,6 +640,14 @@ TEST_P(Conformance, AResolvedRequestReplaysTheOperatorsOutcome) {
   leave_crashed_attempt(*store_, busy, R"({"id":"x","amount":1})", 60'000'000);
   EXPECT_EQ(ops.resolve(busy.scope, busy.key, settled, "no").result, admin_result::status::refused);
   EXPECT_EQ(store_->inspect(busy)->state, record_state::in_progress);
+  // Nor under an expired one: a call held in doubt may still be running
+  // downstream (found in review).
+  const auto expired = id("k4");
+  leave_crashed_attempt(*store_, expired, R"({"id":"x","amount":1})", 1000);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(ops.resolve(expired.scope, expired.key, settled, "no").result,
+            admin_result::status::refused);
+  EXPECT_EQ(store_->inspect(expired)->state, record_state::in_progress);
 }
 
 // Issue 11, item 5: every attempt that did not finish the record leaves a
@@ -718,6 +729,43 @@ TEST_P(Conformance, ParkedRecordsAreNeverPurgedAndHistoryGoesWithItsRecord) {
   EXPECT_EQ(left[0].get<std::int64_t>(0), 0) << "history goes with its record";
 }
 
+// Found in review: the purge deleted history by its own bound, apart from
+// the records, so a record could outlive part of its history (and then be
+// parked with a history that lied).
+TEST_P(Conformance, APurgePassTakesARecordAndItsWholeHistoryTogether) {
+  config cfg = short_lease();
+  cfg.retry_window = 300ms;
+  cfg.retention = 700ms;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  const auto rid = id("k1");
+  counters c;
+  auto flaky = [](const attempt&, const payment&) -> std::string {
+    throw retryable_error("bank_unavailable", "503 from bank");
+  };
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  EXPECT_THROW(pay(m, rid, c, flaky), error);
+  ASSERT_EQ(ops.show(rid.scope, rid.key)->history.size(), 2U);
+  std::this_thread::sleep_for(1200ms);  // past the window and the retention
+  const std::size_t shard = store_->shard_of(rid);
+  auto history_rows = [&] {
+    auto t = store_->begin_on_shard(shard);
+    const auto rows =
+        t->query("SELECT COUNT(*) FROM orpheus_attempts WHERE scope = ? AND idem_key = ?",
+                 rid.scope, rid.key);
+    t->commit();
+    return rows[0].get<std::int64_t>(0);
+  };
+  // One record per pass: ours goes whole, or not at all, in every pass.
+  for (int pass = 0; pass < 100000 && store_->inspect(rid); ++pass) {
+    store_->purge_expired(shard, 1);
+    const bool record_left = store_->inspect(rid).has_value();
+    EXPECT_EQ(history_rows(), record_left ? 2 : 0) << "pass " << pass;
+  }
+  EXPECT_FALSE(store_->inspect(rid));
+  EXPECT_EQ(history_rows(), 0);
+}
+
 TEST_P(Conformance, ListAndStatsFindParkedRequests) {
   config cfg;
   cfg.max_attempts = 1;
@@ -760,6 +808,244 @@ TEST_P(Conformance, ListAndStatsFindParkedRequests) {
   }
   EXPECT_GE(parked_total, 1);
   EXPECT_GE(succeeded_total, 1);
+}
+
+// Issue 11, items 2 and 3: a request registered under a handler name is
+// finished by the completer when its client goes away.
+// The Pre-RPC a client's request brings along with a registered handler.
+payment pay_pre(tx&) { return payment{"p", 100}; }
+
+struct completer_rig {
+  std::atomic<int> runs{0};
+  std::atomic<int> in_flight{0};
+  std::atomic<int> max_in_flight{0};
+  std::atomic<int> successes{0};
+  std::mutex seen_m;
+  std::vector<int> numbers;
+  std::vector<bool> retries;
+  std::function<bool(const attempt&)> fail = [](const attempt&) { return false; };
+
+  // A payment handler: the RPC "charges" unless `fail` says so, Post-RPC
+  // records the charge; the client's Pre-RPC is pay_pre.
+  void register_on(manager& m, const std::string& name) {
+    m.register_handler<payment>(
+        name, 1,
+        [this](const attempt& a, const payment& p) -> std::string {
+          const int now = ++in_flight;
+          for (int seen = max_in_flight;
+               now > seen && !max_in_flight.compare_exchange_weak(seen, now);) {
+          }
+          std::this_thread::sleep_for(5ms);
+          ++runs;
+          {
+            std::lock_guard lock(seen_m);
+            numbers.push_back(a.number());
+            retries.push_back(a.is_retry());
+          }
+          const bool failed = fail(a);
+          --in_flight;
+          if (failed) throw retryable_error("bank_unavailable", "503 from bank");
+          ++successes;
+          return "ch_" + p.id + "_" + std::to_string(a.number());
+        },
+        [](tx&, const attempt&, const std::string& charge) {
+          return response{201, {}, charge};
+        });
+  }
+};
+
+TEST_P(Conformance, TheCompleterFinishesARequestWhoseClientWentAway) {
+  config cfg = short_lease();
+  cfg.retry_backoff_base = 20ms;
+  cfg.retry_backoff_max = 20ms;
+  manager m(*store_, cfg);
+  completer_rig rig;
+  const std::string handler = "pay-" + scope_.substr(6);
+  rig.register_on(m, handler);
+  rig.fail = [](const attempt& a) { return a.number() == 1; };
+  const auto rid = id("k1");
+  EXPECT_THROW(m.process(handler, rid, pay_pre), error);  // the client gives up here
+  const auto after_failure = store_->inspect(rid);
+  EXPECT_EQ(after_failure->handler, handler);
+  EXPECT_EQ(after_failure->handler_version, 1);
+  EXPECT_GT(after_failure->next_attempt_us, after_failure->db_now_us) << "backoff first";
+  completer c(m);
+  // Not due before its backoff.
+  c.run_once();
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
+  std::this_thread::sleep_for(40ms);
+  c.run_once();
+  const auto done = store_->inspect(rid);
+  ASSERT_EQ(done->state, record_state::succeeded);
+  EXPECT_EQ(done->recorded.body, "ch_p_2");
+  EXPECT_EQ(done->next_attempt_us, 0);
+  EXPECT_EQ(rig.numbers, (std::vector<int>{1, 2}));
+  EXPECT_EQ(rig.retries, (std::vector<bool>{false, true}));
+  const auto replay = m.process(handler, rid, pay_pre);  // the client comes back
+  EXPECT_TRUE(replay.replayed);
+  EXPECT_EQ(replay.body, "ch_p_2");
+  admin ops(*store_, cfg);
+  const auto history = ops.show(rid.scope, rid.key)->history;
+  ASSERT_EQ(history.size(), 1U);
+  EXPECT_EQ(history[0].outcome, "retryable");
+  EXPECT_EQ(history[0].runner, "client");
+
+  // A crashed attempt (in progress, lease expired) is taken over too.
+  const auto crashed = id("k2");
+  {
+    auto t = detail::begin_record_tx(*store_, crashed);
+    ASSERT_TRUE(t->insert(crashed, "deadbeefdeadbeefdeadbeefdeadbeef",
+                          {1000, 3'600'000'000, 3'600'000'000}, handler, 1));
+    ASSERT_TRUE(t->save_pre_state(crashed, "deadbeefdeadbeefdeadbeefdeadbeef",
+                                  R"({"id":"crashed","amount":100})"));
+    t->commit();
+  }
+  std::this_thread::sleep_for(20ms);
+  c.run_once();
+  EXPECT_EQ(store_->inspect(crashed)->state, record_state::succeeded);
+  EXPECT_EQ(store_->inspect(crashed)->recorded.body, "ch_crashed_2");
+  const auto taken = ops.show(crashed.scope, crashed.key)->history;
+  ASSERT_EQ(taken.size(), 1U);
+  EXPECT_EQ(taken[0].outcome, "abandoned");
+
+  // A record of plain process() (no handler) is its client's alone.
+  counters cc;
+  EXPECT_THROW(
+      pay(m, id("plain"), cc,
+          [](const attempt&, const payment&) -> std::string { throw retryable_error("x", "y"); }),
+      error);
+  std::this_thread::sleep_for(40ms);
+  c.run_once();
+  EXPECT_EQ(store_->inspect(id("plain"))->state, record_state::retryable);
+  EXPECT_EQ(store_->inspect(id("plain"))->handler, "");
+}
+
+TEST_P(Conformance, CompletersAndAClientRacingOnOneKeyNeverOverlapAndChargeOnce) {
+  config cfg = short_lease();
+  cfg.retry_backoff_base = 1ms;
+  cfg.retry_backoff_max = 2ms;
+  cfg.max_attempts = 1000;
+  manager m(*store_, cfg);
+  completer_rig rig;
+  const std::string handler = "race-" + scope_.substr(6);
+  rig.register_on(m, handler);
+  rig.fail = [](const attempt& a) { return a.number() < 12; };
+  const auto rid = id("k1");
+  EXPECT_THROW(m.process(handler, rid, pay_pre), error);
+  std::atomic<bool> done{false};
+  auto completer_thread = [&] {
+    completer c(m, {.batch = 4});
+    while (!done) {
+      c.run_once();
+      if (store_->read(rid)->state == record_state::succeeded) done = true;
+    }
+  };
+  std::thread a(completer_thread);
+  std::thread b(completer_thread);
+  std::thread client([&] {
+    while (!done) {
+      try {
+        if (m.process(handler, rid, pay_pre).status == 201) done = true;
+      } catch (const error& e) {
+        EXPECT_TRUE(e.retryable()) << e.code();
+      }
+    }
+  });
+  a.join();
+  b.join();
+  client.join();
+  EXPECT_EQ(rig.max_in_flight, 1) << "two attempts of one key ran at once";
+  EXPECT_EQ(rig.successes, 1) << "charged more than once";
+  std::vector<int> numbers = rig.numbers;
+  std::sort(numbers.begin(), numbers.end());
+  EXPECT_EQ(std::adjacent_find(numbers.begin(), numbers.end()), numbers.end())
+      << "an attempt number ran twice";
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::succeeded);
+  EXPECT_EQ(store_->inspect(rid)->recorded.body, "ch_p_12");
+}
+
+TEST_P(Conformance, TheCompleterParksWhatItCannotResume) {
+  config cfg = short_lease();
+  cfg.retry_backoff_base = 1ms;
+  cfg.retry_backoff_max = 1ms;
+  cfg.max_attempts = 2;
+  std::mutex alerts_m;
+  std::vector<parked_event> alerts;
+  const std::string scope = scope_;
+  cfg.on_parked = [&](const parked_event& e) {
+    std::lock_guard lock(alerts_m);
+    if (e.scope == scope) alerts.push_back(e);
+  };
+  manager m(*store_, cfg);
+  completer_rig rig;
+  const std::string handler = "park-" + scope_.substr(6);
+  rig.register_on(m, handler);
+  rig.fail = [](const attempt&) { return true; };
+  completer c(m);
+
+  // Out of attempts under the completer: parked, alerted once.
+  const auto tired = id("tired");
+  EXPECT_THROW(m.process(handler, tired, pay_pre), error);  // attempt 1
+  std::this_thread::sleep_for(10ms);
+  c.run_once();  // attempt 2
+  std::this_thread::sleep_for(10ms);
+  c.run_once();  // parks
+  c.run_once();  // nothing: a parked record is not due
+  EXPECT_EQ(store_->inspect(tired)->state, record_state::parked);
+  EXPECT_EQ(rig.runs, 2);
+
+  // A handler this build does not know, or only in an older version.
+  auto leave = [&](const request_id& rid, const std::string& name, int version) {
+    auto t = detail::begin_record_tx(*store_, rid);
+    ASSERT_TRUE(t->insert(rid, "deadbeefdeadbeefdeadbeefdeadbeef",
+                          {1000, 3'600'000'000, 3'600'000'000}, name, version));
+    ASSERT_TRUE(
+        t->save_pre_state(rid, "deadbeefdeadbeefdeadbeefdeadbeef", R"({"id":"x","amount":1})"));
+    t->commit();
+  };
+  leave(id("ghost"), "ghost-" + scope_.substr(6), 1);
+  leave(id("newer"), handler, 2);
+  std::this_thread::sleep_for(20ms);
+  c.run_once();
+  EXPECT_EQ(store_->inspect(id("ghost"))->state, record_state::parked);
+  EXPECT_EQ(store_->inspect(id("newer"))->state, record_state::parked);
+  EXPECT_NE(store_->inspect(id("newer"))->last_error.find("this build has version 1"),
+            std::string::npos);
+  EXPECT_EQ(rig.runs, 2) << "never guessed: no RPC for an unknown handler";
+
+  std::lock_guard lock(alerts_m);
+  ASSERT_EQ(alerts.size(), 3U);
+  std::map<std::string, std::string> reason;
+  for (const auto& e : alerts) reason[e.key] = e.reason;
+  EXPECT_EQ(reason["tired"], codes::attempts_exhausted);
+  EXPECT_EQ(reason["ghost"], codes::handler_unknown);
+  EXPECT_EQ(reason["newer"], codes::handler_unknown);
+  admin ops(*store_, cfg);
+  const auto history = ops.show(tired.scope, tired.key)->history;
+  std::vector<std::string> seen;
+  for (const auto& h : history) seen.push_back(h.outcome + " " + h.runner);
+  EXPECT_EQ(seen, (std::vector<std::string>{"retryable client", "retryable completer",
+                                            "parked completer"}));
+}
+
+TEST_P(Conformance, RegisteredHandlersAreCheckedAndNamedProcessNeedsOne) {
+  manager m(*store_, short_lease());
+  completer_rig rig;
+  rig.register_on(m, "pay");
+  EXPECT_THROW(rig.register_on(m, "pay"), config_error);
+  EXPECT_THROW(rig.register_on(m, ""), config_error);
+  EXPECT_THROW(rig.register_on(m, "no spaces"), config_error);
+  EXPECT_THROW(rig.register_on(m, std::string(65, 'a')), config_error);
+  EXPECT_THROW(m.process("nobody", id("k1"), pay_pre), config_error);
+  EXPECT_THROW(m.process("pay", id("k1"), [](tx&) { return 1; }), config_error)
+      << "a Pre-RPC result of another type than the handler reads";
+  EXPECT_FALSE(store_->inspect(id("k1")));
+  EXPECT_EQ(m.process("pay", id("k1"), pay_pre).status, 201);
+  // The completer resumes records, never starts one: a claimed record gone
+  // (purged) before it ran must not run again as a new request.
+  EXPECT_THROW(m.complete(id("gone"), "pay", 1), error);
+  EXPECT_FALSE(store_->inspect(id("gone")));
+  EXPECT_EQ(rig.runs, 1);
 }
 
 TEST_P(Conformance, ThrowingPreRpcRollsBackItsWritesAndTheLeaseRow) {

@@ -16,6 +16,7 @@
 #include "clock.hpp"
 #include "orpheus/detail/records.hpp"
 #include "orpheus/manager.hpp"
+#include "orpheus/store/mysql.hpp"
 #include "support/backends.hpp"
 #include "support/forwarding_store.hpp"
 
@@ -311,6 +312,57 @@ TEST_F(MysqlStore, SessionsRunWithTheConfiguredTimeouts) {
   EXPECT_EQ(rows[0].get<std::int64_t>(2), 25);
   EXPECT_EQ(rows[0].get<std::int64_t>(3), 25);
   EXPECT_EQ(rows[0].get<std::int64_t>(4), 0);
+}
+
+// Found in review: config::on_parked ran while the parking request still
+// held its pooled connection, so a slow hook (a pager call) starved other
+// requests of connections.
+TEST(MysqlParking, ASlowAlertHookHoldsNoPoolConnection) {
+  using namespace std::chrono_literals;
+  const auto urls = test::mysql_urls();
+  ASSERT_FALSE(urls.empty());
+  mysql_options o;
+  o.shards.push_back(parse_mysql_url(urls[0]));
+  o.max_connections_per_shard = 1;
+  o.pool_wait = 300ms;
+  mysql_store store(o);
+  store.migrate();
+  config cfg;
+  cfg.max_attempts = 1;
+  std::atomic<bool> in_hook{false};
+  std::atomic<bool> hook_may_return{false};
+  cfg.on_parked = [&](const parked_event&) {
+    in_hook = true;
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!hook_may_return && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+    }
+  };
+  manager m(store, cfg);
+  const std::string scope = "hook-" + test::random_hex();
+  auto pay = [&](const std::string& key, bool fail) {
+    return m.process(
+        request_id{scope, key, fingerprint_of("x")}, [](tx&) { return 1; },
+        [fail](const attempt&, int) -> std::string {
+          if (fail) throw retryable_error("bank_unavailable", "503");
+          return "ch";
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  };
+  EXPECT_THROW(pay("parked", true), error);
+  std::thread parking([&] { EXPECT_THROW(pay("parked", true), error); });  // parks; hook waits
+  while (!in_hook) std::this_thread::sleep_for(1ms);
+  std::string outcome = "ok";
+  try {
+    pay("unrelated", false);
+  } catch (const std::exception& e) {
+    outcome = e.what();
+  }
+  hook_may_return = true;
+  parking.join();
+  EXPECT_EQ(outcome, "ok") << "a request failed while the alert hook ran";
 }
 
 TEST(MysqlOptions, NonsenseTimeoutsAreRefused) {

@@ -2,6 +2,10 @@
 // key's record and the application's rows land on that key's shard only.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <thread>
+
+#include "orpheus/admin.hpp"
 #include "orpheus/manager.hpp"
 #include "orpheus/shard_map.hpp"
 #include "support/backends.hpp"
@@ -78,6 +82,47 @@ TEST(Sharding, GrowingTwoShardsToThreeMovesAboutAThirdOfTheKeys) {
     if (shard_for("tenant-7", key, 2) != shard_for("tenant-7", key, 3)) ++moved;
   }
   EXPECT_NEAR(static_cast<double>(moved) / keys, 1.0 / 3, 0.02);
+}
+
+// Found in review: admin::list() filled its limit from shard 0 first, so an
+// older parked record of shard 1 came after newer ones of shard 0.
+TEST(Sharding, ListIsLeastRecentlyChangedFirstAcrossShards) {
+  using namespace std::chrono_literals;
+  auto s = test::make_store("mysql", 2);
+  ASSERT_TRUE(s);
+  config cfg;
+  cfg.max_attempts = 1;
+  manager m(*s, cfg);
+  admin ops(*s, cfg);
+  const std::string scope = "list-" + test::random_hex();
+  std::optional<request_id> on1;
+  std::optional<request_id> on0;
+  for (int i = 0; !(on1 && on0); ++i) {
+    const request_id id{scope, "k" + std::to_string(i), fingerprint_of("x")};
+    auto& slot = s->shard_of(id) == 1 ? on1 : on0;
+    if (!slot) slot = id;
+  }
+  auto park = [&](const request_id& id) {
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_THROW(m.process(
+                       id, [](tx&) { return 1; },
+                       [](const attempt&, int) -> std::string {
+                         throw retryable_error("bank_unavailable", "503");
+                       },
+                       [](tx&, const attempt&, const std::string& v) {
+                         return response{201, {}, v};
+                       }),
+                   error);
+    }
+  };
+  park(*on1);  // the older one, on shard 1
+  std::this_thread::sleep_for(50ms);
+  park(*on0);
+  std::vector<std::string> mine;
+  for (const auto& r : ops.list(record_state::parked, 0ms, 100000)) {
+    if (r.scope == scope) mine.push_back(r.key);
+  }
+  EXPECT_EQ(mine, (std::vector<std::string>{on1->key, on0->key}));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "orpheus/manager.hpp"
 
@@ -103,6 +104,47 @@ TEST(Config, RefusesNonPositiveValues) {
   c = config{};
   c.retry_window = 0ms;
   expect_refused(c);
+}
+
+}  // namespace
+}  // namespace orpheus
+
+namespace orpheus {
+namespace {
+
+// Issue 11, item 3: the completer's backoff, with the random draw injected.
+TEST(RetryBackoff, GrowsExponentiallyWithEqualJitterUpToTheCap) {
+  using std::chrono::milliseconds;
+  const milliseconds base(100);
+  const milliseconds max(1000);
+  const std::vector<std::int64_t> low = {50, 100, 200, 400, 500, 500, 500};
+  const std::vector<std::int64_t> high = {100, 200, 400, 800, 1000, 1000, 1000};
+  for (int attempts = 1; attempts <= 7; ++attempts) {
+    const auto i = static_cast<std::size_t>(attempts - 1);
+    EXPECT_EQ(retry_backoff(attempts, base, max, 0.0).count(), low[i]) << attempts;
+    EXPECT_EQ(retry_backoff(attempts, base, max, 1.0).count(), high[i]) << attempts;
+    const auto mid = retry_backoff(attempts, base, max, 0.5).count();
+    EXPECT_GT(mid, low[i]);
+    EXPECT_LT(mid, high[i]);
+  }
+  // No overflow for a key retried for days, nor for a random draw out of range.
+  EXPECT_EQ(retry_backoff(1'000'000, base, max, 1.0).count(), 1000);
+  EXPECT_EQ(retry_backoff(3, base, max, 7.0).count(), 400);
+  EXPECT_EQ(retry_backoff(3, base, max, -1.0).count(), 200);
+}
+
+TEST(RetryBackoff, ConfigurationIsChecked) {
+  config c;
+  c.retry_backoff_base = std::chrono::milliseconds(0);
+  EXPECT_THROW(validate(c), config_error);
+  c = config{};
+  c.retry_backoff_max = std::chrono::milliseconds(500);
+  c.retry_backoff_base = std::chrono::seconds(1);
+  EXPECT_THROW(validate(c), config_error);
+  c = config{};
+  c.parked_retry_after = std::chrono::milliseconds(-1);
+  EXPECT_THROW(validate(c), config_error);
+  EXPECT_NO_THROW(validate(config{}));
 }
 
 }  // namespace

@@ -378,6 +378,10 @@ int run(const arguments& args) {
       resolved.headers.emplace_back("Content-Type", *ct);
   }
   const std::int64_t batch = args.number("batch", 1000, 1);
+  if (args.positional.size() == 3) {  // a bad key is bad usage, whatever the database's state
+    orpheus::validate(
+        orpheus::request_id{args.positional[1], args.positional[2], orpheus::fingerprint_of("")});
+  }
 
   auto store = open_store(store_parts(args), command == "migrate");
   if (command == "migrate") {
@@ -484,9 +488,10 @@ int run(const arguments& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::optional<arguments> args;
   try {
-    const arguments args(argc, argv);
-    return run(args);
+    args.emplace(argc, argv);
+    return run(*args);
   } catch (const usage_failure& e) {
     if (std::string(e.what()).empty()) {
       std::cout << usage;
@@ -501,8 +506,13 @@ int main(int argc, char** argv) {
     std::cerr << "orpheusctl: " << e.what() << "\n";
     return usage_error;
   } catch (const orpheus::error& e) {
+    // migrate and purge commit as they go: a failure may leave part done.
+    const std::string command = args && !args->positional.empty() ? args->positional[0] : "";
+    const bool stepwise = command == "migrate" || command == "purge";
     const char* advice = e.in_doubt()    ? " (in doubt: the change may or may not have been "
                                            "made; `orpheusctl show` tells)"
+                         : stepwise      ? " (part of it may be done; see docs/operations.md "
+                                           "before running it again)"
                          : e.retryable() ? " (retryable: nothing was changed; run it again)"
                                          : " (not retryable)";
     std::cerr << "orpheusctl: " << e.what() << advice << "\n";

@@ -14,6 +14,9 @@
 
 namespace orpheus::detail {
 
+/// Keys per statement of the purge's deletes.
+inline constexpr std::size_t purge_chunk = 64;
+
 /// Every statement of the record layer, built once per store from its
 /// backend's dialect. The states are written from record_state.
 struct record_sql {
@@ -35,8 +38,14 @@ struct record_sql {
   std::string resolve;
   std::string list;
   std::string count_by_state;
-  std::string purge_history;
-  std::string purge;
+  std::string claim;
+  std::string claim_hold;
+  /// The purge: up to `?` purgeable records, locked, with whether each has
+  /// history; then their history and themselves, purge_chunk keys per
+  /// statement (a shorter chunk repeats its last key).
+  std::string purge_select;
+  std::string purge_history_of;
+  std::string purge_records_of;
   std::string create_version_table;
   std::string count_tables;
   std::string max_version;
@@ -54,7 +63,10 @@ class record_tx {
 
   /// Inserts a new in-progress record with a lease held by `owner`, attempt 1.
   /// Returns false, changing nothing, when the key already has a record.
-  bool insert(const request_id& id, std::string_view owner, const lease_terms& terms);
+  /// `handler` (may be empty) is the registered handler that can finish the
+  /// request without its client.
+  bool insert(const request_id& id, std::string_view owner, const lease_terms& terms,
+              std::string_view handler = {}, int handler_version = 0);
   /// Reads the record and locks it until the transaction ends.
   std::optional<record> lock(const request_id& id);
   /// Stores the Pre-RPC result; fenced by the owner token. May travel with
@@ -72,10 +84,11 @@ class record_tx {
               const response& r, std::string_view last_error, const lease_terms& terms);
   /// Marks the record retryable and releases the lease, and adds a history
   /// row for the attempt (`retryable`). Fenced like finish().
-  bool release(const request_id& id, std::string_view owner, std::string_view last_error);
+  bool release(const request_id& id, std::string_view owner, std::string_view last_error,
+               std::int64_t retry_in_us = 0, std::string_view runner = "client");
   /// Under lock(): parks the record (no lease), with `why` as its last error
   /// and a history row `parked`.
-  void park(const request_id& id, std::string_view why);
+  void park(const request_id& id, std::string_view why, std::string_view runner = "client");
   /// Adds a history row for the record's current attempt (orpheus_attempts),
   /// with its outcome and who wrote it (see history_entry, orpheus/admin.hpp).
   void add_history(const request_id& id, std::string_view outcome, std::string_view error,
@@ -89,9 +102,8 @@ class record_tx {
   /// Returns false, changing nothing, when the record is not parked.
   bool requeue(const request_id& id, std::string_view note, const lease_terms& terms);
   /// Records an outcome decided by a person: `final_state` (succeeded or
-  /// failed) with `r`, for a record that is parked, retryable, or in
-  /// progress under an expired lease. Returns false, changing nothing,
-  /// otherwise.
+  /// failed) with `r`, for a record that is parked or retryable. Returns
+  /// false, changing nothing, otherwise.
   bool resolve(const request_id& id, record_state final_state, const response& r,
                std::string_view note, const lease_terms& terms);
 

@@ -35,6 +35,7 @@ sql_dialect mysql_dialect() {
   sql_dialect d;
   d.now_us = ORPHEUS_MYSQL_NOW_US;  // see clock.hpp
   d.lock_suffix = " FOR UPDATE";
+  d.skip_locked_suffix = " FOR UPDATE SKIP LOCKED";  // MariaDB 10.6+, MySQL 8
   d.insert_if_absent_suffix = "";  // a duplicate key is caught (mysql_tx::insert_if_absent)
   d.concat_open = "CONCAT_WS(' ', ";
   d.concat_separator = ", ";
@@ -307,14 +308,23 @@ class mysql_backend final : public store_backend {
         throw storage_error::transient("mysql: another process is migrating");
       }
       got.reset();
+      // An ALTER waits for every transaction on its table, and every later
+      // statement on the table waits behind the ALTER: give up after a short
+      // while (a retryable error) rather than stall the service (the
+      // server's default is a day). Found in review.
+      st->execute("SET SESSION lock_wait_timeout = 10");
+      const auto restore = [&] {
+        st->execute("SET SESSION lock_wait_timeout = DEFAULT");
+        st->execute("DO RELEASE_LOCK('orpheus_migrate')");
+      };
       try {
         migration_session session(conn, shard);
         f(session);
       } catch (...) {
-        st->execute("DO RELEASE_LOCK('orpheus_migrate')");
+        restore();
         throw;
       }
-      st->execute("DO RELEASE_LOCK('orpheus_migrate')");
+      restore();
     });
   }
 

@@ -28,6 +28,7 @@ sql_dialect sqlite_dialect() {
   // seconds.
   d.now_us = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
   d.lock_suffix = "";  // BEGIN IMMEDIATE already holds the database's write lock
+  d.skip_locked_suffix = "";
   d.insert_if_absent_suffix = " ON CONFLICT DO NOTHING";
   d.concat_open = "(";
   d.concat_separator = " || ' ' || ";
