@@ -28,7 +28,6 @@ lease_terms terms_of(const config& c) {
   return {micros(c.lease), micros(c.retry_window), micros(c.retention)};
 }
 
-constexpr std::string_view runner_client = "client";
 constexpr std::string_view runner_completer = "completer";
 
 [[noreturn]] void throw_mismatch() {
@@ -138,8 +137,10 @@ std::chrono::milliseconds retry_backoff(int attempts, std::chrono::milliseconds 
   for (int i = 1; i < attempts && cap < max.count(); ++i) cap *= 2;
   cap = std::min(cap, static_cast<std::int64_t>(max.count()));
   const double r = std::clamp(random01, 0.0, 1.0);
-  return std::chrono::milliseconds(
-      cap / 2 + static_cast<std::int64_t>(static_cast<double>(cap - cap / 2) * r));
+  const std::int64_t fixed = cap / 2;
+  const std::int64_t spread = cap - fixed;
+  return std::chrono::milliseconds(fixed +
+                                   static_cast<std::int64_t>(static_cast<double>(spread) * r));
 }
 
 manager::manager(store& s, config c) : store_(s), config_(std::move(c)) {

@@ -202,6 +202,9 @@ TEST(OrpheusctlStore, RefusesAStoreThatIsNotMigratedAndCreatesNoFile) {
   ASSERT_EQ(migrated.code, 0);
   EXPECT_EQ(migrated.parsed()["schema_version"][0], 3);
   EXPECT_EQ(run_ctl("sqlite:" + (dir / "old.db").string(), {"stats"}).code, 0);
+  // A bad key is bad usage (2), even when the database cannot be reached
+  // (found in review: it was checked after opening the store).
+  EXPECT_EQ(run_ctl("mysql://u:p@127.0.0.1:1/d", {"show", "s", " bad key"}).code, 2);
 }
 
 }  // namespace
