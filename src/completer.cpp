@@ -2,7 +2,9 @@
 // through the manager, which decides everything as it does for a client.
 #include "orpheus/completer.hpp"
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "orpheus/detail/record_row.hpp"
@@ -23,25 +25,32 @@ std::string text(const sql_value& v) {
   return s ? *s : std::string{};
 }
 
-// One short transaction: the due rows, locked, each pushed a lease ahead so
-// that other completers pass over them while this one works.
-std::vector<claimed> claim(store& s, std::size_t shard, std::size_t batch, std::int64_t hold_us) {
-  const auto& sql = s.statements();
+// One short transaction: the most overdue due record that names one of
+// `handlers`, locked, pushed a lease ahead so that other completers pass
+// over it while this one works. One at a time, each just before it runs, so
+// that no claim goes stale behind a slow batch (found in review).
+std::optional<claimed> claim_one(store& s, std::size_t shard, const std::string& sql,
+                                 const std::vector<std::pair<std::string, int>>& handlers,
+                                 std::int64_t hold_us) {
   auto t = s.backend().begin(shard);
-  const sql_value limit[] = {static_cast<std::int64_t>(batch)};
-  std::vector<claimed> out;
-  for (const auto& row : t->query_values(sql.claim, limit)) {
-    const auto& v = row.values;
-    out.push_back({{text(v.at(0)), text(v.at(1)), text(v.at(2))},
-                   text(v.at(3)),
-                   static_cast<int>(detail::int_or_zero(v.at(4)))});
+  std::vector<sql_value> p;
+  for (const auto& [name, version] : handlers) {
+    p.emplace_back(name);
+    p.emplace_back(std::int64_t{version});
   }
-  for (const auto& c : out) {
-    const sql_value p[] = {hold_us, c.id.scope, c.id.key};
-    t->execute_values(sql.claim_hold, p);
+  const auto rows = t->query_values(sql, p);
+  if (rows.empty()) {
+    t->rollback();
+    return std::nullopt;
   }
+  const auto& v = rows.front().values;
+  claimed c{{text(v.at(0)), text(v.at(1)), text(v.at(2))},
+            text(v.at(3)),
+            static_cast<int>(detail::int_or_zero(v.at(4)))};
+  const sql_value hold[] = {hold_us, c.id.scope, c.id.key};
+  t->execute_values(s.statements().claim_hold, hold);
   t->commit();
-  return out;
+  return c;
 }
 
 }  // namespace
@@ -57,23 +66,40 @@ completer::~completer() { stop(); }
 
 completer_pass completer::run_once() {
   completer_pass pass;
+  // Only records of the handlers registered here, in a version this build
+  // has: another service's records, or a newer version's during a deploy,
+  // are left to the completers that can run them (found in review).
+  const auto handlers = manager_.handlers();
+  if (handlers.empty()) return pass;
   store& s = manager_.storage();
+  std::string sql = s.statements().claim_head;
+  for (std::size_t i = 0; i < handlers.size(); ++i) {
+    sql += (i == 0 ? "" : " OR ");
+    sql += "(handler = ? AND handler_version <= ?)";
+  }
+  sql += s.statements().claim_tail;
   const std::int64_t hold_us =
       std::chrono::duration_cast<std::chrono::microseconds>(manager_.settings().lease).count();
   for (std::size_t shard = 0; shard < s.shard_count(); ++shard) {
-    std::vector<claimed> due;
-    try {
-      due = claim(s, shard, options_.batch, hold_us);
-    } catch (const std::exception& e) {
-      ++pass.shard_errors;
-      log(log_level::warning,
-          "completer: could not claim on shard " + std::to_string(shard) + ": " + e.what());
-      continue;
-    }
-    pass.claimed += due.size();
-    for (const auto& c : due) {
+    for (std::size_t n = 0; n < options_.batch; ++n) {
+      {
+        const std::lock_guard lock(m_);
+        if (stopping_) return pass;
+      }
+      std::optional<claimed> c;
       try {
-        (void)manager_.complete(c.id, c.handler, c.version);
+        c = claim_one(s, shard, sql, handlers, hold_us);
+      } catch (const std::exception& e) {
+        ++pass.shard_errors;
+        log(log_level::warning,
+            "completer: could not claim on shard " + std::to_string(shard) + ": " + e.what());
+        break;
+      }
+      if (!c) break;
+      ++pass.claimed;
+      if (n + 1 == options_.batch) pass.full = true;
+      try {
+        (void)manager_.complete(c->id, c->handler, c->version);
         ++pass.finished;
       } catch (const error& e) {
         if (e.code() == codes::request_parked) {
@@ -88,7 +114,7 @@ completer_pass completer::run_once() {
       } catch (const std::exception& e) {
         ++pass.retrying;
         log(log_level::warning,
-            "completer: scope " + c.id.scope + " key " + c.id.key + ": " + e.what());
+            "completer: scope " + c->id.scope + " key " + c->id.key + ": " + e.what());
       }
     }
   }
@@ -116,8 +142,8 @@ void completer::loop() {
     const completer_pass pass = run_once();
     std::unique_lock lock(m_);
     if (stopping_) return;
-    // A full batch may mean more is due: go on at once.
-    const bool more = pass.claimed >= options_.batch && pass.shard_errors == 0;
+    // A shard that filled its batch may have more due: go on at once.
+    const bool more = pass.full && pass.shard_errors == 0;
     if (!more) wake_.wait_for(lock, options_.idle_wait, [this] { return stopping_; });
     if (stopping_) return;
   }

@@ -178,14 +178,16 @@ void release_quietly(store& s, const request_id& id, std::string_view owner, std
 /// running downstream, and a retry must not overlap it. Fenced like release().
 bool hold_until(detail::record_tx& t, const request_id& id, std::string_view owner,
                 std::chrono::steady_clock::time_point until, const lease_terms& terms,
-                std::string_view why, std::string_view runner) {
+                std::string_view why, std::string_view runner, std::int64_t backoff_us) {
   const std::optional<record> r = t.lock(id);
   if (!r || r->state != record_state::in_progress || r->lease_owner != owner) return false;
   t.add_history(id, "in_doubt", why, runner);
   lease_terms held = terms;
   held.lease_us = std::max<std::int64_t>(
       1000, std::chrono::duration_cast<std::chrono::microseconds>(until - clock::now()).count());
-  t.take_lease(id, owner, r->attempts, held);
+  // A completer waits a backoff beyond the hold: the call may still be
+  // running downstream when our side of it timed out (found in review).
+  t.take_lease(id, owner, r->attempts, held, held.lease_us + backoff_us);
   return true;
 }
 
@@ -449,6 +451,11 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
           t->rollback();
           continue;  // the fast path decides: wait or 409
         }
+        // A completer finishes the request with the retention it was made
+        // with (found in review: the default could purge it early).
+        if (ctx.runner == runner_completer && locked->retention_us > 0) {
+          terms.retention_us = locked->retention_us;
+        }
         // An attempt whose lease ran out under it: it crashed, stalled past
         // its lease, or was held in doubt (then it has a history row).
         if (locked->state == record_state::in_progress) t->add_abandoned(id);
@@ -552,7 +559,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
       } else if (failure->in_doubt()) {
         // The downstream outcome is unknown and the call may still be running
         // there: keep the key until this attempt's deadline has passed.
-        fenced = hold_until(*t, id, owner, a.deadline(), terms, reason_of(*failure), ctx.runner);
+        fenced = hold_until(*t, id, owner, a.deadline(), terms, reason_of(*failure), ctx.runner,
+                            backoff_us(a.number()));
       } else {
         fenced = t->release(id, owner, reason_of(*failure), backoff_us(a.number()), ctx.runner);
       }
@@ -620,6 +628,12 @@ void manager::add_handler(std::string name, int version, registered_handler h) {
   if (!handlers_.emplace(std::move(name), std::move(h)).second) {
     throw config_error("a handler with this name is registered already");
   }
+}
+
+std::vector<std::pair<std::string, int>> manager::handlers() const {
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& [name, h] : handlers_) out.emplace_back(name, h.version);
+  return out;
 }
 
 const manager::registered_handler& manager::handler_named(std::string_view name) const {

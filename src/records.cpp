@@ -79,26 +79,31 @@ record_sql::record_sql(const sql_dialect& d) {
   // An unfinished record expires too, at the end of its retry window plus the
   // retention, so an abandoned one is purged in the end (finish() moves
   // expires_us to its own retention).
-  // next_attempt_us: when the completer may look at a record (docs/
-  // operations.md). Under a lease, when the lease ends; retryable, after the
-  // backoff; finished or parked, never (NULL).
+  // next_attempt_us: when the completer may look at a record with a
+  // handler (docs/operations.md). Under a lease, when the lease ends (held in
+  // doubt: after a backoff beyond it); retryable, after the backoff;
+  // finished, parked, or without a handler, never (NULL: a record only its
+  // client can finish is not in the completer's way). retention_us: the
+  // request's own retention, for a completer that finishes it.
+  const std::string if_handler = "CASE WHEN handler IS NULL THEN NULL ELSE " + now;
   insert =
       "INSERT INTO orpheus_records(scope, idem_key, fingerprint, state, attempts, lease_owner, "
       "lease_expires_us, created_us, updated_us, retry_until_us, expires_us, handler, "
-      "handler_version, next_attempt_us) VALUES (?, ?, ?, " +
+      "handler_version, next_attempt_us, retention_us) VALUES (?, ?, ?, " +
       in_progress + ", 1, ?, " + now + " + ?, " + now + ", " + now + ", " + now + " + ?, " + now +
-      " + ? + ?, ?, ?, " + now + " + ?)" + d.insert_if_absent_suffix;
+      " + ? + ?, ?, ?, " + now + " + ?, ?)" + d.insert_if_absent_suffix;
   save_pre_state = "UPDATE orpheus_records SET pre_state = ?, updated_us = " + now + fence();
   take_lease = "UPDATE orpheus_records SET state = " + in_progress +
-               ", lease_owner = ?, lease_expires_us = " + now + " + ?, next_attempt_us = " + now +
-               " + ?, attempts = ?, updated_us = " + now + " WHERE scope = ? AND idem_key = ?";
+               ", lease_owner = ?, lease_expires_us = " + now +
+               " + ?, next_attempt_us = " + if_handler +
+               " + ? END, attempts = ?, updated_us = " + now + " WHERE scope = ? AND idem_key = ?";
   finish =
       "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, last_error = ?, "
       "lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, expires_us = " +
       now + " + ?, updated_us = " + now + fence();
   release = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
-            ", lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = " + now +
-            " + ?, last_error = ?, updated_us = " + now + fence();
+            ", lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = " + if_handler +
+            " + ? END, last_error = ?, updated_us = " + now + fence();
   const std::string parked = number(record_state::parked);
   park = "UPDATE orpheus_records SET state = " + parked +
          ", lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, last_error = ?, "
@@ -125,8 +130,8 @@ record_sql::record_sql(const sql_dialect& d) {
       "SELECT attempt, at_us, outcome, runner, COALESCE(step, ''), COALESCE(error, '') FROM "
       "orpheus_attempts WHERE scope = ? AND idem_key = ? AND at_us >= ? ORDER BY id";
   requeue = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
-            ", attempts_before_requeue = attempts, next_attempt_us = " + now +
-            ", retry_until_us = " + now + " + ?, expires_us = " + now +
+            ", attempts_before_requeue = attempts, next_attempt_us = " + if_handler +
+            " END, retry_until_us = " + now + " + ?, expires_us = " + now +
             " + ? + ?, last_error = ?, updated_us = " + now +
             " WHERE scope = ? AND idem_key = ? AND state = " + parked;
   // Only a record no attempt can be running for: a lease that merely
@@ -143,15 +148,17 @@ record_sql::record_sql(const sql_dialect& d) {
       now + " FROM orpheus_records WHERE state = ? AND updated_us <= " + now +
       " - ? ORDER BY updated_us LIMIT ?";
   count_by_state = "SELECT state, COUNT(*) FROM orpheus_records GROUP BY state";
-  // The completer's claim: records with a handler that are due, retryable or
-  // in progress under an expired lease, oldest due first; the rows are
-  // locked (others pass over them) until claim_hold has pushed them out.
-  claim =
+  // The completer's claim: the most overdue record that is due, retryable
+  // or in progress under an expired lease, and names one of the completer's
+  // handlers (claim_head + "(handler = ? AND handler_version <= ?) OR ..." +
+  // claim_tail); locked (others pass over it) until claim_hold has pushed it
+  // out.
+  claim_head =
       "SELECT scope, idem_key, fingerprint, handler, COALESCE(handler_version, 0) FROM "
       "orpheus_records WHERE next_attempt_us <= " +
-      now + " AND handler IS NOT NULL AND (state = " + number(record_state::retryable) +
-      " OR (state = " + in_progress + " AND lease_expires_us < " + now +
-      ")) ORDER BY next_attempt_us LIMIT ?" + d.skip_locked_suffix;
+      now + " AND (state = " + number(record_state::retryable) + " OR (state = " + in_progress +
+      " AND lease_expires_us < " + now + ")) AND (";
+  claim_tail = ") ORDER BY next_attempt_us LIMIT 1" + d.skip_locked_suffix;
   claim_hold = "UPDATE orpheus_records SET next_attempt_us = " + now +
                " + ? WHERE scope = ? AND idem_key = ?";
   // Any state but parked goes once its expiry has passed, except a record
@@ -167,7 +174,7 @@ record_sql::record_sql(const sql_dialect& d) {
       "SELECT scope, idem_key, CASE WHEN EXISTS (SELECT 1 FROM orpheus_attempts a WHERE a.scope "
       "= orpheus_records.scope AND a.idem_key = orpheus_records.idem_key) THEN 1 ELSE 0 END "
       "FROM orpheus_records WHERE " +
-      purgeable + " ORDER BY expires_us LIMIT ?" + d.lock_suffix;
+      purgeable + " ORDER BY expires_us LIMIT ?" + d.skip_locked_suffix;
   std::string keys;  // purge_chunk (scope, key) pairs
   for (std::size_t i = 0; i < purge_chunk; ++i) {
     keys += (i == 0 ? "(" : " OR (");
@@ -198,7 +205,8 @@ bool record_tx::insert(const request_id& id, std::string_view owner, const lease
                          t.retention_us,
                          handler.empty() ? no_handler : sql_value(std::string(handler)),
                          handler.empty() ? no_handler : sql_value(std::int64_t{handler_version}),
-                         t.lease_us};
+                         handler.empty() ? no_handler : sql_value(t.lease_us),
+                         t.retention_us};
   return t_->insert_if_absent(sql_.insert, p);
 }
 
@@ -216,9 +224,10 @@ bool record_tx::save_pre_state(const request_id& id, std::string_view owner,
 }
 
 void record_tx::take_lease(const request_id& id, std::string_view owner, int attempts,
-                           const lease_terms& t) {
-  const sql_value p[] = {std::string(owner),     t.lease_us, t.lease_us,
-                         std::int64_t{attempts}, id.scope,   id.key};
+                           const lease_terms& t, std::optional<std::int64_t> next_attempt_in_us) {
+  const sql_value p[] = {
+      std::string(owner),     t.lease_us, next_attempt_in_us.value_or(t.lease_us),
+      std::int64_t{attempts}, id.scope,   id.key};
   t_->execute_values(sql_.take_lease, p);
 }
 

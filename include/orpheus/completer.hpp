@@ -7,19 +7,21 @@
 //   c.start();            // a background thread; c.stop() or ~completer() ends it
 //   ... m.process("create_payment", id) from the request path ...
 //
-// A pass claims, on every shard, the due records that name a registered
-// handler: retryable ones whose backoff has passed (next_attempt_us, set
-// from config::retry_backoff_base and retry_backoff_max) and ones in
-// progress whose lease expired (a crashed or stalled attempt). The claim is
-// one short transaction (`SELECT ... FOR UPDATE SKIP LOCKED` on MySQL, the
-// single writer on SQLite) that pushes each claimed record's next attempt a
-// lease into the future, so other completers pass over it. Then each is
-// resumed with manager::complete(): a take-over like a client's retry
-// (is_retry() true, the stored Pre-RPC result, a new lease and fencing
-// token), so any number of completers and servers may run at once and no
-// attempt of a key overlaps another. A request out of attempts or window is
-// parked, as on the request path; one whose handler this build does not
-// know is parked too.
+// A pass works through every shard, up to `batch` records each, one record
+// at a time: it claims the most overdue record that names a handler
+// registered here (in a version this build has): a retryable one whose
+// backoff has passed (next_attempt_us, from config::retry_backoff_base and
+// retry_backoff_max) or one in progress whose lease expired (a crashed or
+// stalled attempt). The claim is one short transaction (`SELECT ... FOR
+// UPDATE SKIP LOCKED` on MySQL, the single writer on SQLite) that pushes the
+// record's next attempt a lease into the future, so other completers pass
+// over it. Then it is resumed with manager::complete(): a take-over like a
+// client's retry (is_retry() true, the stored Pre-RPC result, a new lease
+// and fencing token), so any number of completers and servers may run at
+// once and no attempt of a key overlaps another. A request out of attempts
+// or window is parked, as on the request path, and so is one whose stored
+// Pre-RPC result the handler cannot read. Records of handlers this build
+// does not have are left alone (another service's, or a newer version's).
 //
 // Thread safety: run_once() may be called from several threads, and several
 // completers may share a manager. The manager must outlive the completer.
@@ -51,6 +53,7 @@ struct completer_pass {
   std::size_t parked = 0;        ///< out of attempts or window, or no handler for them
   std::size_t skipped = 0;       ///< taken by someone else meanwhile (409), or gone
   std::size_t shard_errors = 0;  ///< shards whose claim failed (logged)
+  bool full = false;             ///< some shard gave a whole batch: more may be due
 };
 
 class completer {
@@ -60,10 +63,11 @@ class completer {
   completer(const completer&) = delete;
   completer& operator=(const completer&) = delete;
   /// Stops the background thread, if started; a pass in progress finishes
-  /// its current request first.
+  /// the request it is running and claims no other.
   ~completer();
 
-  /// One pass over every shard, on the calling thread.
+  /// One pass over every shard, on the calling thread; it ends early once
+  /// stop() was called.
   completer_pass run_once();
 
   /// Runs passes on a background thread until stop().

@@ -85,6 +85,7 @@
 #include <typeinfo>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -316,6 +317,9 @@ class manager {
   template <pre_rpc_phase Pre>
   response process(std::string_view handler, const request_id& id, Pre&& pre,
                    const process_options& options = {});
+
+  /// The registered handlers' names and versions.
+  [[nodiscard]] std::vector<std::pair<std::string, int>> handlers() const;
 
   /// For the completer: resumes the claimed request `id` (its fingerprint as
   /// recorded) with the handler its record names, as a retry run by the

@@ -72,6 +72,10 @@ struct record {
   /// When the completer may try it next, database clock; 0: never (finished,
   /// parked, or written before schema version 3).
   std::int64_t next_attempt_us = 0;
+  /// How long the finished record is to be kept, as the request asked when
+  /// it was made (process_options::retention); 0 when written before schema
+  /// version 3.
+  std::int64_t retention_us = 0;
 };
 
 /// Lease and retention figures a write needs, in microseconds.

@@ -6,7 +6,8 @@
 -- do not count against the attempt cap any more; handler and handler_version:
 -- the registered handler that can finish the request without its client
 -- (NULL: only its client can); next_attempt_us: when the completer may try it
--- next (NULL: never), indexed for the completer's claim.
+-- next (NULL: never), indexed for the completer's claim; retention_us: the
+-- request's own retention, for a completer that finishes it.
 --
 -- MySQL commits each DDL statement on its own. The table comes first and is
 -- created only if missing; the ALTER (one statement: all of it or nothing) is
@@ -31,4 +32,5 @@ ALTER TABLE orpheus_records ADD COLUMN attempts_before_requeue INT NOT NULL DEFA
   ADD COLUMN handler VARBINARY(64) NULL,
   ADD COLUMN handler_version INT NULL,
   ADD COLUMN next_attempt_us BIGINT NULL,
+  ADD COLUMN retention_us BIGINT NULL,
   ADD INDEX orpheus_records_next_attempt (next_attempt_us);

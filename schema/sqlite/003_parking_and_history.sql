@@ -7,7 +7,8 @@
 -- the attempts made before the last requeue, which do not count against the
 -- attempt cap any more; handler and handler_version: the registered handler
 -- that can finish the request without its client (NULL: only its client can);
--- next_attempt_us: when the completer may try it next (NULL: never).
+-- next_attempt_us: when the completer may try it next (NULL: never);
+-- retention_us: the request's own retention, for a completer that finishes it.
 CREATE TABLE orpheus_records_v3 (
   scope                   TEXT    NOT NULL,
   idem_key                TEXT    NOT NULL,
@@ -30,6 +31,7 @@ CREATE TABLE orpheus_records_v3 (
   handler                 TEXT,
   handler_version         INTEGER,
   next_attempt_us         INTEGER,
+  retention_us            INTEGER,
   PRIMARY KEY (scope, idem_key)
 );
 INSERT INTO orpheus_records_v3 (scope, idem_key, fingerprint, state, attempts, lease_owner,

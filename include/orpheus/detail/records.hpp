@@ -38,7 +38,8 @@ struct record_sql {
   std::string resolve;
   std::string list;
   std::string count_by_state;
-  std::string claim;
+  std::string claim_head;
+  std::string claim_tail;
   std::string claim_hold;
   /// The purge: up to `?` purgeable records, locked, with whether each has
   /// history; then their history and themselves, purge_chunk keys per
@@ -74,8 +75,10 @@ class record_tx {
   /// fence then makes commit() throw a non-retryable storage_error.
   bool save_pre_state(const request_id& id, std::string_view owner, std::string_view json);
   /// Under lock(): gives the lease to `new_owner` and sets the attempt count.
+  /// The completer may try it again `next_attempt_in_us` from now (default:
+  /// when the lease ends), if it has a handler.
   void take_lease(const request_id& id, std::string_view new_owner, int attempts,
-                  const lease_terms& terms);
+                  const lease_terms& terms, std::optional<std::int64_t> next_attempt_in_us = {});
   /// Records a terminal state and its response, releasing the lease. Fenced:
   /// returns false, changing nothing, when `owner` no longer holds the lease.
   /// May travel with the commit() that follows; a failed fence then makes
