@@ -13,21 +13,15 @@ namespace examples::payments_server {
 
 using orpheus::beast::http_request;
 
-void create_payment(orpheus::beast::middleware& mw, orpheus::payment::gateway& bank, metrics& stats,
-                    http_request&& req, const orpheus::beast::responder& respond) {
-  const std::string client(req["X-Client-Id"]);
-  mw.handle(
-      std::move(req), respond,
-      [client](orpheus::tx& tx, const http_request& r) {  // Pre-RPC
-        payment p = parse_payment(r);
-        // The payment id names its shard, so GET can find it.
-        p.id = "pay_" + std::to_string(tx.shard()) + "_" + orpheus::random_token(10);
-        tx.execute(
-            "INSERT INTO payments (id, client, amount, currency, customer, state) "
-            "VALUES (?, ?, ?, ?, ?, 'pending')",
-            p.id, client, p.amount, p.currency, p.customer);
-        return p;
-      },
+namespace {
+constexpr const char* handler_name = "create_payment";
+}  // namespace
+
+// The RPC and Post-RPC, registered once: a payment whose client went away
+// (or whose server was killed) is finished by the completer with these.
+void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank, metrics& stats) {
+  m.register_handler<payment>(
+      handler_name, 1,
       [&bank, &stats](const orpheus::attempt& a, const payment& p) {  // RPC
         if (a.is_retry()) stats.takeover();
         return orpheus::payment::charge_once(bank, a, {p.id, p.amount, p.currency});
@@ -46,6 +40,22 @@ void create_payment(orpheus::beast::middleware& mw, orpheus::payment::gateway& b
         body["charge_id"] = o.value();
         return orpheus::response{201, {{"Content-Type", "application/json"}}, body.dump()};
       });
+}
+
+void create_payment(orpheus::beast::middleware& mw, http_request&& req,
+                    const orpheus::beast::responder& respond) {
+  const std::string client(req["X-Client-Id"]);
+  mw.handle_named(handler_name, std::move(req), respond,
+                  [client](orpheus::tx& tx, const http_request& r) {  // Pre-RPC
+                    payment p = parse_payment(r);
+                    // The payment id names its shard, so GET can find it.
+                    p.id = "pay_" + std::to_string(tx.shard()) + "_" + orpheus::random_token(10);
+                    tx.execute(
+                        "INSERT INTO payments (id, client, amount, currency, customer, state) "
+                        "VALUES (?, ?, ?, ?, ?, 'pending')",
+                        p.id, client, p.amount, p.currency, p.customer);
+                    return p;
+                  });
 }
 
 }  // namespace examples::payments_server

@@ -4,6 +4,7 @@
 #include "gateway.hpp"
 #include "metrics.hpp"
 #include "orpheus/beast/server.hpp"
+#include "orpheus/manager.hpp"
 
 namespace orpheus::beast {
 class middleware;
@@ -11,10 +12,15 @@ class middleware;
 
 namespace examples::payments_server {
 
+/// Registers the charge (RPC) and its record (Post-RPC) with the manager, so
+/// that a completer can finish a payment whose client went away. Once,
+/// before serving.
+void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank, metrics& stats);
+
 /// Records the payment, charges it at the bank once, records the charge and
 /// answers 201 (or the classified error), through the middleware: a retry
 /// with the same Idempotency-Key is answered the same, and charged once.
-void create_payment(orpheus::beast::middleware& mw, orpheus::payment::gateway& bank, metrics& stats,
-                    orpheus::beast::http_request&& req, const orpheus::beast::responder& respond);
+void create_payment(orpheus::beast::middleware& mw, orpheus::beast::http_request&& req,
+                    const orpheus::beast::responder& respond);
 
 }  // namespace examples::payments_server

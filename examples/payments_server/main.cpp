@@ -10,9 +10,11 @@
 
 #include "../common/flags.hpp"
 #include "../common/stop_signals.hpp"
+#include "create_payment.hpp"
 #include "gateway.hpp"
 #include "metrics.hpp"
 #include "orpheus/beast/middleware.hpp"
+#include "orpheus/completer.hpp"
 #include "purger.hpp"
 #include "routes.hpp"
 #include "storage.hpp"
@@ -54,6 +56,9 @@ Usage: payments_server --bank URL [flags]
                         (default 604800000; not shorter than the retry window)
   --purge-interval-ms N purge expired records this often (default 60000)
   --purge-batch N       records deleted per statement when purging (1000)
+  --completer-ms N      finish payments whose client went away (or whose server
+                        was killed): a background completer looks for due ones
+                        this often (default 1000; 0: off, only clients finish)
   --replay-cache-mb N   keep up to N MB of finished payments read back from the
                         store in memory, so that their replays need no
                         database round trip (default 16; 0: off). A purge by
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
   const long purge_interval = f.num("purge-interval-ms", 60000);
   const long purge_batch = f.num("purge-batch", 1000);
   const long replay_cache_mb = f.num("replay-cache-mb", 16);
+  const long completer_ms = f.num("completer-ms", 1000);
   cfg.replay_cache_ttl = std::chrono::milliseconds(f.num(
       "replay-cache-ttl-ms", std::min<long>(60000, static_cast<long>(cfg.retention.count()))));
   f.done();
@@ -113,6 +119,7 @@ int main(int argc, char** argv) {
     f.fail("--max-connections, --idle-timeout-ms and --header-timeout-ms must be positive");
   if (purge_interval < 1 || purge_batch < 1)
     f.fail("--purge-interval-ms and --purge-batch must be positive");
+  if (completer_ms < 0) f.fail("--completer-ms must be 0 (off) or positive");
   if (replay_cache_mb < 0 || replay_cache_mb > 1024 * 1024)
     f.fail("--replay-cache-mb must be from 0 to 1048576");
   cfg.replay_cache_bytes = static_cast<std::size_t>(replay_cache_mb) << 20;
@@ -147,6 +154,7 @@ int main(int argc, char** argv) {
     }
 
     metrics stats;
+    register_create_payment(manager, *bank, stats);  // before serving
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::beast::middleware_options mw_options;
     mw_options.scope = [](const http_request& req) -> std::optional<std::string> {
@@ -174,7 +182,14 @@ int main(int argc, char** argv) {
     orpheus::beast::server server(server_options, routes({mw, *store, *bank, inproc, stats}));
     purger purge(manager, stats, std::chrono::milliseconds(purge_interval),
                  static_cast<std::size_t>(purge_batch));
+    // After everything it uses, so destroyed (and stopped) before them.
+    std::optional<orpheus::completer> completer;
+    if (completer_ms > 0) {
+      completer.emplace(manager, orpheus::completer_options{
+                                     .idle_wait = std::chrono::milliseconds(completer_ms)});
+    }
     server.start();
+    if (completer) completer->start();
     std::cout << "listening on " << server.port() << std::endl;
     stop.wait();
     std::cerr << "payments_server: stopping\n";
@@ -186,6 +201,7 @@ int main(int argc, char** argv) {
     // jobs used go (in reverse order of declaration, as `pool_drained` runs
     // on every way out of this block).
     server.stop_accepting();
+    if (completer) completer->stop();  // lets its running payment finish
     pool.drain();
     server.stop();
     purge.stop();

@@ -318,6 +318,11 @@ class manager {
   response process(std::string_view handler, const request_id& id, Pre&& pre,
                    const process_options& options = {});
 
+  /// process(handler, id, pre) without exceptions, as try_process() above.
+  template <pre_rpc_phase Pre>
+  outcome<response> try_process(std::string_view handler, const request_id& id, Pre&& pre,
+                                const process_options& options = {});
+
   /// The registered handlers' names and versions.
   [[nodiscard]] std::vector<std::pair<std::string, int>> handlers() const;
 
@@ -447,6 +452,18 @@ requires post_rpc_phase<Post, detail::pre_state_of<Pre>,
   try {
     return process(id, std::forward<Pre>(pre), std::forward<Rpc>(rpc), std::forward<Post>(post),
                    options);
+  } catch (const error& e) {
+    return e.info();
+  } catch (...) {
+    return classify(std::current_exception(), config_.unclassified);
+  }
+}
+
+template <pre_rpc_phase Pre>
+outcome<response> manager::try_process(std::string_view handler, const request_id& id, Pre&& pre,
+                                       const process_options& options) {
+  try {
+    return process(handler, id, std::forward<Pre>(pre), options);
   } catch (const error& e) {
     return e.info();
   } catch (...) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "orpheus/beast/client.hpp"
+#include "orpheus/store.hpp"
 #include "support/backends.hpp"
 #include "support/process.hpp"
 
@@ -269,6 +270,58 @@ TEST_P(Http, ServerKilledAfterTheChargeBeforeTheRecordChargesOnce) {
   const auto stored = send(payments_.port, get);
   EXPECT_EQ(nlohmann::json::parse(stored.body())["status"], "succeeded");
   EXPECT_EQ(pay("crash-key", 4200)["Idempotent-Replayed"], "true");
+}
+
+// Issue 11: a payment abandoned by its client and its server (SIGKILLed
+// between the bank's charge and the record) used to finish only if the
+// client came back. The restarted server's completer finishes it alone,
+// charged once.
+TEST_P(Http, AKilledServersPaymentIsFinishedByTheCompleterWithoutItsClient) {
+  start_bank({"--hold-after-charge-ms", "1000"});
+  const std::vector<std::string> flags{"--lease-ms", "2000",           "--rpc-timeout-ms",
+                                       "1500",       "--completer-ms", "100"};
+  start_payments(flags);
+  std::thread client([&] {
+    try {
+      pay("orphan-key", 4300);
+    } catch (const beast::transport_error&) {  // the server died under us; we never retry
+    }
+  });
+  for (int i = 0; i < 100 && ledger()["charges"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(ledger()["charges"], 1);
+  payments_.proc->kill_hard();
+  client.join();
+
+  start_payments(flags);  // same store, new process; no client from here on
+  std::unique_ptr<store> records;
+  if (GetParam() == "sqlite") {
+    records = std::make_unique<sqlite_store>(sqlite_options{store_.substr(7)});
+  } else {
+#if ORPHEUS_TEST_WITH_MYSQL
+    mysql_options o;
+    o.shards.push_back(parse_mysql_url(store_));
+    records = std::make_unique<mysql_store>(o);
+#endif
+  }
+  ASSERT_TRUE(records);
+  const request_id id{"client:" + client_, "orphan-key", fingerprint_of("unused")};
+  std::optional<record> r;
+  for (int i = 0; i < 200; ++i) {  // the lease (2 s) must end first
+    r = records->inspect(id);
+    if (r && r->state == record_state::succeeded) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->state, record_state::succeeded) << "the completer did not finish it";
+  EXPECT_EQ(r->attempts, 2);
+  EXPECT_EQ(r->handler, "create_payment");
+  EXPECT_EQ(ledger()["charges"], 1) << "charged twice";
+  EXPECT_EQ(ledger()["double_charges"], 0);
+  const auto again = pay("orphan-key", 4300);  // the client, much later: a replay
+  EXPECT_EQ(again.result_int(), 201U);
+  EXPECT_EQ(again["Idempotent-Replayed"], "true");
 }
 
 TEST_P(Http, MetricsCountOutcomesAndSigtermStopsCleanly) {

@@ -110,6 +110,14 @@ class middleware {
   template <class Pre, class Rpc, class Post>
   void handle(http_request&& req, const responder& respond, Pre pre, Rpc rpc, Post post);
 
+  /// As handle() above, with the RPC and Post-RPC registered with the manager
+  /// under `handler_name` (manager::register_handler): a completer
+  /// (orpheus/completer.hpp) can then finish the request without its
+  /// client. Pre is this request's, as above.
+  template <class Pre>
+  void handle_named(std::string handler_name, http_request&& req, const responder& respond,
+                    Pre pre);
+
   /// The one-lambda form, for a handler that calls downstream and answers:
   /// `answer(const attempt&, const http_request&) -> http_response`. It runs
   /// as the RPC phase (no database, outside any transaction, once per
@@ -187,6 +195,28 @@ void middleware::handle(http_request&& req, const responder& respond, Pre pre, R
           }
         },
         rpc, post, o);
+  };
+  start(std::move(p));
+}
+
+template <class Pre>
+void middleware::handle_named(std::string handler_name, http_request&& req,
+                              const responder& respond, Pre pre) {
+  auto p = admit(std::move(req), respond);
+  if (!p) return;  // answered already (400, 401)
+  p->run = [this, name = std::move(handler_name), pre = std::move(pre)](
+               const request_id& id, const http_request& r, const process_options& o) {
+    return manager_.try_process(
+        name, id,
+        [&](tx& t) {
+          if constexpr (std::is_invocable_v<const Pre&, tx&, const http_request&,
+                                            const request_id&>) {
+            return pre(t, r, id);
+          } else {
+            return pre(t, r);
+          }
+        },
+        o);
   };
   start(std::move(p));
 }
