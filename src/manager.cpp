@@ -443,6 +443,13 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
           t->commit();
           return replay_of(*locked);
         }
+        // A record made through a registered handler is resumed only with
+        // that handler's phases: another RPC on its stored Pre-RPC result
+        // would be another operation under the same key (found in review).
+        if (!locked->handler.empty() && locked->handler != ctx.handler) {
+          t->commit();
+          throw_mismatch();
+        }
         if (locked->state == record_state::parked) {
           t->commit();
           throw_parked(config_.parked_retry_after);

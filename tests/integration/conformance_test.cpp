@@ -1138,11 +1138,38 @@ TEST_P(Conformance, RegisteredHandlersAreCheckedAndNamedProcessNeedsOne) {
       << "a Pre-RPC result of another type than the handler reads";
   EXPECT_FALSE(store_->inspect(id("k1")));
   EXPECT_EQ(m.process("pay", id("k1"), pay_pre).status, 201);
+  // A record made through a handler is resumed only by that handler: a
+  // retry of its key through another, or through plain process(), is the
+  // key used for another operation (422), and runs nothing.
+  completer_rig other;
+  other.register_on(m, "pay-other");
+  other.fail = [](const attempt&) { return true; };
+  rig.fail = [](const attempt&) { return true; };
+  EXPECT_THROW(m.process("pay", id("k2"), pay_pre), error);  // retryable, handler "pay"
+  const int runs_before = rig.runs + other.runs;
+  try {
+    m.process("pay-other", id("k2"), pay_pre);
+    ADD_FAILURE() << "resumed with another handler";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
+  }
+  counters plain;
+  try {
+    pay(m, id("k2"), plain);
+    ADD_FAILURE() << "resumed with plain process()";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
+  }
+  EXPECT_EQ(rig.runs + other.runs, runs_before);
+  EXPECT_EQ(plain.rpc, 0);
+  EXPECT_EQ(store_->inspect(id("k2"))->state, record_state::retryable);
+
   // The completer resumes records, never starts one: a claimed record gone
   // (purged) before it ran must not run again as a new request.
+  const int runs_then = rig.runs;
   EXPECT_THROW(m.complete(id("gone"), "pay", 1), error);
   EXPECT_FALSE(store_->inspect(id("gone")));
-  EXPECT_EQ(rig.runs, 1);
+  EXPECT_EQ(rig.runs, runs_then);
 }
 
 TEST_P(Conformance, ThrowingPreRpcRollsBackItsWritesAndTheLeaseRow) {
