@@ -173,6 +173,26 @@ void release_quietly(store& s, const request_id& id, std::string_view owner, std
   }
 }
 
+/// Best-effort, fenced, in a transaction of its own: a history row saying
+/// this attempt's outcome is in doubt, for an attempt that keeps its lease
+/// but could not record (its Post-RPC or transaction 2 failed). Without it,
+/// the next attempt would write it down as `abandoned`. Same caveat as
+/// release_quietly: no transaction of this store may be held.
+void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owner,
+                           std::string_view why, std::string_view runner) noexcept {
+  try {
+    auto t = detail::begin_record_tx(s, id);
+    if (t->add_history_fenced(id, owner, "in_doubt", why, runner)) {
+      t->commit();
+    } else {
+      t->rollback();
+    }
+  } catch (const std::exception& e) {
+    log(log_level::warning, std::string("could not write an in-doubt history row: ") + e.what());
+  } catch (...) {  // NOLINT(bugprone-empty-catch): history only
+  }
+}
+
 /// Under transaction 2: keeps this attempt's lease until `until` instead of
 /// releasing it. Used when the RPC's outcome is unknown: the call may still be
 /// running downstream, and a retry must not overlap it. Fenced like release().
@@ -550,6 +570,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
         const bool in_doubt = failure && failure->in_doubt();
         if (!in_doubt) {
           release_quietly(store_, id, owner, reason_of(cause), ctx, backoff_us(a.number()));
+        } else {
+          note_in_doubt_quietly(store_, id, owner, reason_of(*failure), ctx.runner);
         }
         log(log_level::error, "scope " + id.scope + " key " + id.key +
                                   ": Post-RPC failed after the RPC ran: " + reason_of(cause));
@@ -601,6 +623,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
       // releasing it here would let a retry overlap the call downstream.
       if (!(failure && failure->in_doubt())) {
         release_quietly(store_, id, owner, e.what(), ctx, backoff_us(a.number()));
+      } else {
+        note_in_doubt_quietly(store_, id, owner, reason_of(*failure), ctx.runner);
       }
       if (e.retryable()) throw;
       // Even a permanent database error here leaves the key retryable: the

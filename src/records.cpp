@@ -114,6 +114,8 @@ record_sql::record_sql(const sql_dialect& d) {
       "INSERT INTO orpheus_attempts(scope, idem_key, attempt, at_us, outcome, runner, error) "
       "SELECT scope, idem_key, attempts, " +
       now + ", ?, ?, ? FROM orpheus_records WHERE scope = ? AND idem_key = ?";
+  // The same, only while `owner` holds the lease of the record in progress.
+  add_history_fenced = add_history + " AND lease_owner = ? AND state = " + in_progress;
   // An attempt found in progress under an expired lease left no row of its
   // own unless it was held in doubt (hold_until): add one only then.
   add_abandoned =
@@ -264,6 +266,15 @@ void record_tx::add_history(const request_id& id, std::string_view outcome, std:
   const sql_value p[] = {std::string(outcome), std::string(runner), std::string(error), id.scope,
                          id.key};
   t_->execute_values(sql_.add_history, p);
+}
+
+bool record_tx::add_history_fenced(const request_id& id, std::string_view owner,
+                                   std::string_view outcome, std::string_view error,
+                                   std::string_view runner) {
+  const sql_value p[] = {
+      std::string(outcome), std::string(runner), std::string(error), id.scope, id.key,
+      std::string(owner)};
+  return t_->execute_values(sql_.add_history_fenced, p) == 1;
 }
 
 void record_tx::add_abandoned(const request_id& id) {

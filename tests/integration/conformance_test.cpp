@@ -696,6 +696,37 @@ TEST_P(Conformance, HistoryKeepsEveryUnfinishedAttemptParkingAndOperatorAction) 
   EXPECT_THROW(ops.show(rid.scope, " bad key "), bad_input_error);
 }
 
+// Found in review: an attempt held in doubt whose Post-RPC failed left no
+// history row, and the next attempt wrote it down as `abandoned`.
+TEST_P(Conformance, AnInDoubtAttemptThatCouldNotRecordIsInDoubtInItsHistory) {
+  manager m(*store_, short_lease());
+  admin ops(*store_, short_lease());
+  const auto rid = id("k1");
+  int runs = 0;
+  auto attempt_once = [&](bool fail) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt&, int) -> std::string {
+          ++runs;
+          if (fail) throw error(error_info::of(error_class::in_doubt, "bank_timeout", "no answer"));
+          return "ch";
+        },
+        [&](tx&, const attempt&, const outcome<std::string>& o) -> response {
+          if (!o.ok()) throw std::runtime_error("the application's table is gone");
+          return response{201, {}, o.value()};
+        });
+  };
+  EXPECT_THROW(attempt_once(true), error);
+  std::this_thread::sleep_for(700ms);  // the lease it kept runs out
+  EXPECT_EQ(attempt_once(false).status, 201);
+  const auto report = ops.show(rid.scope, rid.key);
+  ASSERT_TRUE(report);
+  std::vector<std::string> seen;
+  for (const auto& h : report->history) seen.push_back(std::to_string(h.attempt) + " " + h.outcome);
+  EXPECT_EQ(seen, std::vector<std::string>{"1 in_doubt"});
+  EXPECT_EQ(runs, 2);
+}
+
 TEST_P(Conformance, ParkedRecordsAreNeverPurgedAndHistoryGoesWithItsRecord) {
   config cfg = short_lease();
   cfg.retry_window = 100ms;

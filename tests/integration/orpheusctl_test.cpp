@@ -183,7 +183,8 @@ TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
   EXPECT_EQ(store_->inspect(id("paid"))->state, record_state::succeeded) << "within retention";
   r = ctl({"--json", "migrate"});
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const auto& v : r.parsed()["schema_version"]) EXPECT_EQ(v, store_->schema_version(0));
+  const json migrated = r.parsed();  // named: a member of a temporary would dangle in the loop
+  for (const auto& v : migrated["schema_version"]) EXPECT_EQ(v, store_->schema_version(0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Orpheusctl, testing::Values("sqlite", "mysql"),

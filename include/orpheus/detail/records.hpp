@@ -32,6 +32,7 @@ struct record_sql {
   std::string release;
   std::string park;
   std::string add_history;
+  std::string add_history_fenced;
   std::string add_abandoned;
   std::string history;
   std::string requeue;
@@ -96,6 +97,10 @@ class record_tx {
   /// with its outcome and who wrote it (see history_entry, orpheus/admin.hpp).
   void add_history(const request_id& id, std::string_view outcome, std::string_view error,
                    std::string_view runner = "client");
+  /// add_history(), only while `owner` holds the lease of the record in
+  /// progress; false when it does not (nothing written).
+  bool add_history_fenced(const request_id& id, std::string_view owner, std::string_view outcome,
+                          std::string_view error, std::string_view runner);
   /// Under lock(), for a record in progress whose lease expired: a history
   /// row `abandoned` for its attempt, unless that attempt wrote one (held in
   /// doubt).
