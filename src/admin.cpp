@@ -19,15 +19,6 @@ request_id id_of(std::string_view scope, std::string_view key) {
   return id;
 }
 
-std::int64_t micros(std::chrono::milliseconds d) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-}
-
-std::string text(const sql_value& v) {
-  const auto* s = std::get_if<std::string>(&v);
-  return s ? *s : std::string{};
-}
-
 admin_result not_found(const request_id& id) {
   return {admin_result::status::not_found,
           "no record for scope '" + id.scope + "' and key '" + id.key + "'"};
@@ -51,8 +42,9 @@ std::optional<record_report> admin::show(std::string_view scope, std::string_vie
   for (const auto& row : store_.backend().read(out.shard, store_.statements().history, p)) {
     const auto& v = row.values;
     out.history.push_back({static_cast<int>(detail::int_or_zero(v.at(0))),
-                           detail::int_or_zero(v.at(1)), text(v.at(2)), text(v.at(3)),
-                           text(v.at(4)), text(v.at(5))});
+                           detail::int_or_zero(v.at(1)), detail::text_or_empty(v.at(2)),
+                           detail::text_or_empty(v.at(3)), detail::text_or_empty(v.at(4)),
+                           detail::text_or_empty(v.at(5))});
   }
   return out;
 }
@@ -65,19 +57,21 @@ std::vector<record_summary> admin::list(record_state state, std::chrono::millise
   // of later shards).
   std::vector<record_summary> out;
   for (std::size_t s = 0; s < store_.shard_count(); ++s) {
-    const sql_value p[] = {std::int64_t{static_cast<int>(state)}, micros(older_than),
-                           static_cast<std::int64_t>(limit)};
+    const sql_value p[] = {
+        std::int64_t{static_cast<int>(state)},
+        std::chrono::duration_cast<std::chrono::microseconds>(older_than).count(),
+        static_cast<std::int64_t>(limit)};
     for (const auto& row : store_.backend().read(s, store_.statements().list, p)) {
       const auto& v = row.values;
       record_summary r;
       r.shard = s;
-      r.scope = text(v.at(0));
-      r.key = text(v.at(1));
+      r.scope = detail::text_or_empty(v.at(0));
+      r.key = detail::text_or_empty(v.at(1));
       r.state = static_cast<record_state>(detail::int_or_zero(v.at(2)));
       r.attempts = static_cast<int>(detail::int_or_zero(v.at(3)));
       r.created_us = detail::int_or_zero(v.at(4));
       r.updated_us = detail::int_or_zero(v.at(5));
-      r.last_error = text(v.at(6));
+      r.last_error = detail::text_or_empty(v.at(6));
       r.db_now_us = detail::int_or_zero(v.at(7));
       out.push_back(std::move(r));
     }
@@ -127,7 +121,7 @@ admin_result admin::requeue(std::string_view scope, std::string_view key, std::s
     t->rollback();
     return refused(*r, "only a parked request can be requeued");
   }
-  const lease_terms terms{0, micros(config_.retry_window), micros(config_.retention)};
+  const lease_terms terms = detail::terms_of(config_);
   t->requeue(id, "requeued: " + std::string(note), terms);
   t->commit();
   return {};
@@ -143,7 +137,7 @@ admin_result admin::resolve(std::string_view scope, std::string_view key, const 
   const auto rec = t->lock(id);
   if (!rec) return not_found(id);
   const record_state final_state = r.status < 400 ? record_state::succeeded : record_state::failed;
-  const lease_terms terms{0, micros(config_.retry_window), micros(config_.retention)};
+  const lease_terms terms = detail::terms_of(config_);
   if (!t->resolve(id, final_state, r, "resolved by an operator: " + std::string(note), terms)) {
     t->rollback();
     return refused(*rec, is_terminal(rec->state)

@@ -20,11 +20,6 @@ struct claimed {
   int version = 0;
 };
 
-std::string text(const sql_value& v) {
-  const auto* s = std::get_if<std::string>(&v);
-  return s ? *s : std::string{};
-}
-
 // One short transaction: the most overdue due record that names one of
 // `handlers`, locked, pushed a lease ahead so that other completers pass
 // over it while this one works. One at a time, each just before it runs, so
@@ -44,8 +39,9 @@ std::optional<claimed> claim_one(store& s, std::size_t shard, const std::string&
     return std::nullopt;
   }
   const auto& v = rows.front().values;
-  claimed c{{text(v.at(0)), text(v.at(1)), text(v.at(2))},
-            text(v.at(3)),
+  claimed c{{detail::text_or_empty(v.at(0)), detail::text_or_empty(v.at(1)),
+             detail::text_or_empty(v.at(2))},
+            detail::text_or_empty(v.at(3)),
             static_cast<int>(detail::int_or_zero(v.at(4)))};
   const sql_value hold[] = {hold_us, c.id.scope, c.id.key};
   t->execute_values(s.statements().claim_hold, hold);

@@ -24,10 +24,6 @@ std::int64_t micros(std::chrono::milliseconds d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
-lease_terms terms_of(const config& c) {
-  return {micros(c.lease), micros(c.retry_window), micros(c.retention)};
-}
-
 constexpr std::string_view runner_completer = "completer";
 
 [[noreturn]] void throw_mismatch() {
@@ -126,6 +122,10 @@ void validate(const config& c) {
       throw config_error("replay_cache_ttl must not be longer than retention");
     }
   }
+}
+
+lease_terms detail::terms_of(const config& c) {
+  return {micros(c.lease), micros(c.retry_window), micros(c.retention)};
 }
 
 std::chrono::milliseconds retry_backoff(int attempts, std::chrono::milliseconds base,
@@ -353,7 +353,7 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
                       const detail::run_context& ctx) {
   validate(id);  // bad input: before any database work
   const auto wait_until = clock::now() + options.wait_for;
-  lease_terms terms = terms_of(config_);
+  lease_terms terms = detail::terms_of(config_);
   if (options.retention) {
     if (*options.retention < 0ms) throw config_error("process_options::retention is negative");
     terms.retention_us = micros(*options.retention);

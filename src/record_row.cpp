@@ -8,11 +8,6 @@
 namespace orpheus::detail {
 namespace {
 
-std::string text_or_empty(const sql_value& v) {
-  const auto* s = std::get_if<std::string>(&v);
-  return s ? *s : std::string{};
-}
-
 [[noreturn]] void unreadable_row(std::string_view why) {
   throw storage_error::permanent("unreadable orpheus_records row (" + std::string(why) + ")");
 }
@@ -65,6 +60,11 @@ bool plain_json_string(const char*& p, const char* end, std::string& out) {
 }
 
 }  // namespace
+
+std::string text_or_empty(const sql_value& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  return s ? *s : std::string{};
+}
 
 std::int64_t int_or_zero(const sql_value& v) {
   if (const auto* n = std::get_if<std::int64_t>(&v)) return *n;

@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     server_options.max_connections = static_cast<std::size_t>(max_connections);
     server_options.idle_timeout = std::chrono::milliseconds(idle_timeout);
     server_options.header_timeout = std::chrono::milliseconds(header_timeout);
-    orpheus::beast::server server(server_options, routes({mw, *store, *bank, inproc, stats}));
+    orpheus::beast::server server(server_options, routes({mw, *store, inproc, stats}));
     purger purge(manager, stats, std::chrono::milliseconds(purge_interval),
                  static_cast<std::size_t>(purge_batch));
     // After everything it uses, so destroyed (and stopped) before them.

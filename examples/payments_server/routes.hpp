@@ -22,7 +22,6 @@ namespace examples::payments_server {
 struct services {
   orpheus::beast::middleware& mw;
   orpheus::store& store;
-  orpheus::payment::gateway& bank;
   inproc_bank* inproc;  ///< set with --bank inproc: serves GET /ledger
   metrics& stats;
 };

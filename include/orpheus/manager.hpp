@@ -225,6 +225,9 @@ concept post_on_success_with_state =
 template <class Post, class T>
 concept post_on_success = std::is_invocable_r_v<response, Post&, tx&, const attempt&, const T&>;
 
+/// The lease, retry window and retention of `c`, in microseconds.
+lease_terms terms_of(const config& c);
+
 /// Who runs a request and for which registered handler (empty: none).
 struct run_context {
   std::string_view handler;

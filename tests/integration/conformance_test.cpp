@@ -305,10 +305,11 @@ TEST_P(Conformance, LiveLeaseIsRejectedWithTheTimeLeft) {
 // What a crashed attempt leaves behind: a record with a lease and a stored
 // Pre-RPC result, and nobody to finish it.
 void leave_crashed_attempt(store& s, const request_id& rid, const std::string& pre_json,
-                           std::int64_t lease_us) {
+                           std::int64_t lease_us, const std::string& handler = {},
+                           int handler_version = 0) {
   auto t = detail::begin_record_tx(s, rid);
-  ASSERT_TRUE(
-      t->insert(rid, "deadbeefdeadbeefdeadbeefdeadbeef", {lease_us, 3'600'000'000, 3'600'000'000}));
+  ASSERT_TRUE(t->insert(rid, "deadbeefdeadbeefdeadbeefdeadbeef",
+                        {lease_us, 3'600'000'000, 3'600'000'000}, handler, handler_version));
   ASSERT_TRUE(t->save_pre_state(rid, "deadbeefdeadbeefdeadbeefdeadbeef", pre_json));
   t->commit();
 }
@@ -924,14 +925,7 @@ TEST_P(Conformance, TheCompleterFinishesARequestWhoseClientWentAway) {
 
   // A crashed attempt (in progress, lease expired) is taken over too.
   const auto crashed = id("k2");
-  {
-    auto t = detail::begin_record_tx(*store_, crashed);
-    ASSERT_TRUE(t->insert(crashed, "deadbeefdeadbeefdeadbeefdeadbeef",
-                          {1000, 3'600'000'000, 3'600'000'000}, handler, 1));
-    ASSERT_TRUE(t->save_pre_state(crashed, "deadbeefdeadbeefdeadbeefdeadbeef",
-                                  R"({"id":"crashed","amount":100})"));
-    t->commit();
-  }
+  leave_crashed_attempt(*store_, crashed, R"({"id":"crashed","amount":100})", 1000, handler, 1);
   std::this_thread::sleep_for(20ms);
   c.run_once();
   EXPECT_EQ(store_->inspect(crashed)->state, record_state::succeeded);
@@ -1032,16 +1026,9 @@ TEST_P(Conformance, TheCompleterParksWhatItCannotResume) {
   // older version (a deploy in progress): left alone, for the completers
   // that can run them (found in review: parking them broke the other
   // service's requests).
-  auto leave = [&](const request_id& rid, const std::string& name, int version) {
-    auto t = detail::begin_record_tx(*store_, rid);
-    ASSERT_TRUE(t->insert(rid, "deadbeefdeadbeefdeadbeefdeadbeef",
-                          {1000, 3'600'000'000, 3'600'000'000}, name, version));
-    ASSERT_TRUE(
-        t->save_pre_state(rid, "deadbeefdeadbeefdeadbeefdeadbeef", R"({"id":"x","amount":1})"));
-    t->commit();
-  };
-  leave(id("ghost"), "ghost-" + scope_.substr(6), 1);
-  leave(id("newer"), handler, 2);
+  leave_crashed_attempt(*store_, id("ghost"), R"({"id":"x","amount":1})", 1000,
+                        "ghost-" + scope_.substr(6), 1);
+  leave_crashed_attempt(*store_, id("newer"), R"({"id":"x","amount":1})", 1000, handler, 2);
   std::this_thread::sleep_for(20ms);
   c.run_once();
   EXPECT_EQ(store_->inspect(id("ghost"))->state, record_state::in_progress);

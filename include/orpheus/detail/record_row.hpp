@@ -41,4 +41,7 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
 /// An integer column (DECIMAL arrives as text); 0 for NULL.
 std::int64_t int_or_zero(const sql_value& v);
 
+/// A text column; "" for NULL.
+std::string text_or_empty(const sql_value& v);
+
 }  // namespace orpheus::detail
