@@ -8,6 +8,7 @@
 
 #include "orpheus/detail/record_row.hpp"
 #include "orpheus/detail/records.hpp"
+#include "progress.hpp"
 
 namespace orpheus {
 namespace {
@@ -144,6 +145,44 @@ admin_result admin::resolve(std::string_view scope, std::string_view key, const 
                              ? "a finished request cannot be resolved again"
                              : "an attempt may still be running (its call downstream too); "
                                "resolve it once it is parked or retryable");
+  }
+  t->commit();
+  return {};
+}
+
+admin_result admin::cancel(std::string_view scope, std::string_view key, std::string_view note) {
+  const request_id id = id_of(scope, key);
+  auto t = detail::begin_record_tx(store_, id);
+  const auto r = t->lock(id);
+  if (!r) return not_found(id);
+  const auto refuse = [&](std::string_view why) {
+    t->rollback();
+    return refused(*r, why);
+  };
+  if (r->state != record_state::parked && r->state != record_state::retryable) {
+    return refuse(is_terminal(r->state)
+                      ? "a finished request cannot be cancelled"
+                      : "an attempt may still be running (its call downstream too); cancel it "
+                        "once it is parked or retryable");
+  }
+  if (r->recovery_point.empty()) {
+    return refuse(
+        "a request of a single RPC has no steps to compensate: check downstream what happened "
+        "and resolve it");
+  }
+  std::optional<detail::progress> p = detail::decode_progress(r->recovery_point);
+  if (!p) return refuse("its recovery point does not read in this version");
+  if (p->compensating)
+    return refuse("it is already going backwards (" + p->compensating->code + ")");
+  if (p->past_pivot()) {
+    return refuse("it is past its pivot (step " + p->names[p->pivot] +
+                  "): it only goes forward; requeue it, or resolve it by hand");
+  }
+  p->compensating =
+      error_info::of(error_class::rejected, codes::request_cancelled, "the request was cancelled");
+  const std::string why = "cancelled by an operator: " + std::string(note);
+  if (!t->cancel(id, detail::encode_progress(*p), why, detail::terms_of(config_))) {
+    return refuse("its state changed under the lock");  // not reached: checked above
   }
   t->commit();
   return {};

@@ -12,6 +12,7 @@
 #include "orpheus/detail/records.hpp"
 #include "orpheus/log.hpp"
 #include "pre_state.hpp"
+#include "progress.hpp"
 #include "replay_cache.hpp"
 
 namespace orpheus {
@@ -158,10 +159,11 @@ namespace {
 /// The caller must hold no transaction of this store: with a pool of one
 /// connection a second begin() would wait for the first forever.
 void release_quietly(store& s, const request_id& id, std::string_view owner, std::string_view why,
-                     const detail::run_context& ctx, std::int64_t retry_in_us) noexcept {
+                     const detail::run_context& ctx, std::int64_t retry_in_us,
+                     std::string_view step = {}) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
-    if (t->release(id, owner, why, retry_in_us, ctx.runner)) {
+    if (t->release(id, owner, why, retry_in_us, ctx.runner, step)) {
       t->commit();
     } else {
       t->rollback();
@@ -179,10 +181,11 @@ void release_quietly(store& s, const request_id& id, std::string_view owner, std
 /// the next attempt would write it down as `abandoned`. Same caveat as
 /// release_quietly: no transaction of this store may be held.
 void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owner,
-                           std::string_view why, std::string_view runner) noexcept {
+                           std::string_view why, std::string_view runner,
+                           std::string_view step = {}) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
-    if (t->add_history_fenced(id, owner, "in_doubt", why, runner)) {
+    if (t->add_history_fenced(id, owner, "in_doubt", why, runner, step)) {
       t->commit();
     } else {
       t->rollback();
@@ -198,10 +201,11 @@ void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owne
 /// running downstream, and a retry must not overlap it. Fenced like release().
 bool hold_until(detail::record_tx& t, const request_id& id, std::string_view owner,
                 std::chrono::steady_clock::time_point until, const lease_terms& terms,
-                std::string_view why, std::string_view runner, std::int64_t backoff_us) {
+                std::string_view why, std::string_view runner, std::int64_t backoff_us,
+                std::string_view step = {}) {
   const std::optional<record> r = t.lock(id);
   if (!r || r->state != record_state::in_progress || r->lease_owner != owner) return false;
-  t.add_history(id, "in_doubt", why, runner);
+  t.add_history(id, "in_doubt", why, runner, step);
   lease_terms held = terms;
   held.lease_us = std::max<std::int64_t>(
       1000, std::chrono::duration_cast<std::chrono::microseconds>(until - clock::now()).count());
@@ -216,35 +220,37 @@ bool hold_until(detail::record_tx& t, const request_id& id, std::string_view own
 /// tells config::on_parked, once the parking has committed (or, flagged,
 /// when its commit is in doubt): a slow hook must not hold a connection. A
 /// hook that throws is logged, not passed on.
+/// Tells config::on_parked; what it throws is logged, not passed on.
+void alert_parked(const config& c, const parked_event& event) noexcept {
+  if (!c.on_parked) return;
+  try {
+    c.on_parked(event);
+  } catch (const std::exception& e) {
+    log(log_level::error, std::string("config::on_parked threw: ") + e.what());
+  } catch (...) {
+    log(log_level::error, "config::on_parked threw");
+  }
+}
+
 void park_and_alert(std::unique_ptr<detail::record_tx>& t, const request_id& id, const record& r,
                     std::string_view reason, const config& c, std::string_view runner) {
   const std::string why = std::string(reason) + " after " + std::to_string(r.attempts) +
                           " attempts; last error: " + r.last_error;
   t->park(id, why, runner);
   parked_event event{id.scope, id.key, r.attempts, std::string(reason), r.last_error, false};
-  const auto alert = [&] {
-    if (!c.on_parked) return;
-    try {
-      c.on_parked(event);
-    } catch (const std::exception& e) {
-      log(log_level::error, std::string("config::on_parked threw: ") + e.what());
-    } catch (...) {
-      log(log_level::error, "config::on_parked threw");
-    }
-  };
   try {
     t->commit();
   } catch (const storage_error& e) {
     t.reset();
     if (e.in_doubt()) {
       event.in_doubt = true;
-      alert();
+      alert_parked(c, event);
     }
     throw;
   }
   t.reset();
   log(log_level::warning, "scope " + id.scope + " key " + id.key + ": parked, " + why);
-  alert();
+  alert_parked(c, event);
 }
 
 /// What Pre-RPC and Post-RPC get as their `tx`: the application's SQL on the
@@ -347,7 +353,118 @@ std::string reason_of(const error_info& e) {
   return e.code + ": " + (e.internal.empty() ? e.message : e.internal);
 }
 
+/// What record_after_rpc() needs to know about the attempt.
+struct after_rpc {
+  store& s;
+  const config& c;
+  const request_id& id;
+  std::string_view owner;
+  const detail::run_context& ctx;
+  const attempt& a;
+  using failure_type = std::optional<error_info>;
+  const failure_type& failure;  ///< the RPC's outcome (nullopt: success)
+  std::int64_t backoff_us;
+};
+
+/// Transaction 2 of an attempt, or of one step of it: `write` runs the
+/// application's Post-RPC SQL and the library's fenced write and says
+/// whether the fence held; then it commits. The RPC has run, so a failure
+/// here is never "nothing happened": the key is left retryable for the next
+/// attempt (is_retry) to finish or, when the RPC's outcome is in doubt, kept
+/// to its lease's end with an in_doubt history row; the caller gets
+/// post_rpc_failed, lease_lost or the storage error.
+void record_after_rpc(const after_rpc& w,
+                      const std::function<bool(detail::record_tx&, tx&)>& write) {
+  // An in-doubt RPC keeps its lease (to its end): releasing it would let a
+  // retry overlap the call that may still run downstream.
+  const bool rpc_in_doubt = w.failure && w.failure->in_doubt();
+  const auto leave = [&](std::string_view why) {
+    if (!rpc_in_doubt) {
+      release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
+    } else {
+      note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner, w.a.step());
+    }
+  };
+  const std::string where = "scope " + w.id.scope + " key " + w.id.key;
+  try {
+    auto t = detail::begin_record_tx(w.s, w.id);
+    app_tx handler_tx(*t);
+    bool fenced = false;
+    try {
+      fenced = write(*t, handler_tx);
+    } catch (const storage_error&) {
+      throw;
+    } catch (...) {
+      // Post-RPC threw. Give the connection back first: leave() needs one.
+      t->rollback();
+      t.reset();
+      const error_info cause = classify(std::current_exception(), w.c.unclassified);
+      leave(reason_of(cause));
+      log(log_level::error, where + ": Post-RPC failed after the RPC ran: " + reason_of(cause));
+      throw error(error_info::of(rpc_in_doubt ? error_class::in_doubt : error_class::unavailable,
+                                 codes::post_rpc_failed,
+                                 "recording the result failed; retry with the same key")
+                      .with_internal(reason_of(cause)));
+    }
+    if (!fenced) {
+      t->rollback();
+      throw storage_error::lease_lost("the fenced write of attempt " +
+                                      std::to_string(w.a.number()) + " matched no lease");
+    }
+    t->commit();  // may throw lease_lost too: a backend that fences in its COMMIT
+  } catch (const storage_error& e) {
+    if (e.code() == codes::lease_lost) {
+      // Nothing was recorded; the lease is another attempt's now.
+      log(log_level::warning, where + ": lease lost before recording; attempt " +
+                                  std::to_string(w.a.number()) + " not recorded");
+      throw;
+    }
+    leave(e.what());
+    if (e.retryable()) throw;
+    // Even a permanent database error here leaves the key retryable: the
+    // RPC ran, so the client must come back and let a retry finish it.
+    log(log_level::error, where + ": recording the result failed after the RPC ran: " + e.what());
+    throw error(error_info::of(error_class::unavailable, codes::post_rpc_failed,
+                               "recording the result failed; retry with the same key")
+                    .with_internal(e.what()));
+  }
+}
+
+std::vector<std::string> step_names(const detail::flow_phases& f) {
+  std::vector<std::string> out;
+  out.reserve(f.steps.size());
+  for (const auto& s : f.steps) out.emplace_back(s.name);
+  return out;
+}
+
+/// Throws a retryable RPC outcome to the caller. An in-doubt one keeps the
+/// key to the attempt's deadline (hold_until): a client sent back sooner
+/// would only meet 409 and spend attempts.
+[[noreturn]] void throw_retryable(error_info e, const attempt& a) {
+  if (e.in_doubt()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        a.deadline() - std::chrono::steady_clock::now());
+    if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
+  }
+  throw error(e);
+}
+
 }  // namespace
+
+// A multi-step request after transaction 1 (orpheus/steps.hpp): what the
+// attempt holds while it runs the steps.
+struct manager::flow_run {
+  const request_id& id;
+  const detail::flow_phases& flow;
+  const detail::run_context& ctx;
+  lease_terms terms;
+  std::string owner;
+  int number = 0;
+  /// When the transaction that took or last renewed the lease began: each
+  /// step's RPC must end rpc_timeout after it, inside the lease.
+  clock::time_point started;
+  detail::progress progress;
+};
 
 response manager::run(const request_id& id, const detail::phases& p, const process_options& options,
                       const detail::run_context& ctx) {
@@ -407,7 +524,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
     // The fencing token of this attempt: 128 random bits, so that no other
     // process can forge it and record over this attempt.
     std::string owner = random_token();
-    std::optional<error_info> unreadable;  // a take-over that cannot go on
+    std::optional<error_info> unreadable;      // a take-over that cannot go on
+    std::optional<detail::progress> progress;  // a multi-step request's recovery point
     try {
       auto t = detail::begin_record_tx(store_, id);
       app_tx handler_tx(*t);
@@ -438,7 +556,9 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
             log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(why));
             throw error(why);
           }
-          if (!t->save_pre_state(id, owner, stored)) {
+          if (p.flow) progress = detail::progress{step_names(*p.flow), p.flow->pivot, {}, {}};
+          if (!t->save_pre_state(id, owner, stored,
+                                 progress ? detail::encode_progress(*progress) : "")) {
             throw storage_error::permanent("lease row vanished inside its own transaction");
           }
           attempt_number = 1;
@@ -467,6 +587,12 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
         // that handler's phases: another RPC on its stored Pre-RPC result
         // would be another operation under the same key (found in review).
         if (!locked->handler.empty() && locked->handler != ctx.handler) {
+          t->commit();
+          throw_mismatch();
+        }
+        // Likewise a multi-step request is resumed only as one, and a
+        // single-RPC request never as a flow.
+        if ((p.flow != nullptr) == locked->recovery_point.empty()) {
           t->commit();
           throw_mismatch();
         }
@@ -504,6 +630,15 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
           const auto stored = detail::decode_pre_state(locked->pre_state);
           if (!stored) throw std::runtime_error("not JSON, not the binary form");
           p.load(*stored);
+          if (p.flow) {
+            // The steps as recorded must be this build's (a deploy may have
+            // changed them): never resumed at a guessed step.
+            progress = detail::decode_progress(locked->recovery_point);
+            if (!progress) throw std::runtime_error("the recovery point does not read");
+            if (progress->names != step_names(*p.flow) || progress->pivot != p.flow->pivot) {
+              throw std::runtime_error("the request was recorded with other steps");
+            }
+          }
         } catch (const std::exception& e) {
           unreadable = unreadable_pre_state(e.what());
         }
@@ -535,6 +670,11 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
       throw error(*unreadable);
     }
 
+    if (p.flow) {  // a multi-step request: its steps, from the first unfinished one
+      flow_run f{id, *p.flow, ctx, terms, owner, attempt_number, started, std::move(*progress)};
+      return run_flow(f);
+    }
+
     // 3. RPC, outside any transaction, with a deadline before the lease ends
     // (the lease started after `started`, on the database clock).
     const attempt a(id, attempt_number, started + config_.rpc_timeout);
@@ -550,94 +690,199 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
     const std::optional<error_info> failure = p.rpc(a);
 
     // 4. Record (transaction 2), fenced by the owner token.
-    try {
-      auto t = detail::begin_record_tx(store_, id);
-      app_tx handler_tx(*t);
-      response r;
-      try {
-        r = p.post(handler_tx, a);
-      } catch (const storage_error&) {
-        throw;
-      } catch (...) {
-        // The RPC ran: this is never "nothing happened". Leave the key
-        // retryable so the next attempt (is_retry) can finish it. Give the
-        // connection back first: release_quietly needs one of its own.
-        t->rollback();
-        t.reset();
-        const error_info cause = classify(std::current_exception(), config_.unclassified);
-        // An in-doubt RPC keeps its lease (to its end, here): releasing it
-        // would let a retry overlap the call that may still run downstream.
-        const bool in_doubt = failure && failure->in_doubt();
-        if (!in_doubt) {
-          release_quietly(store_, id, owner, reason_of(cause), ctx, backoff_us(a.number()));
-        } else {
-          note_in_doubt_quietly(store_, id, owner, reason_of(*failure), ctx.runner);
-        }
-        log(log_level::error, "scope " + id.scope + " key " + id.key +
-                                  ": Post-RPC failed after the RPC ran: " + reason_of(cause));
-        throw error(error_info::of(in_doubt ? error_class::in_doubt : error_class::unavailable,
-                                   codes::post_rpc_failed,
-                                   "recording the result failed; retry with the same key")
-                        .with_internal(reason_of(cause)));
-      }
-      bool fenced = false;
-      if (!failure) {
-        fenced = t->finish(id, owner, record_state::succeeded, r, {}, terms);
-      } else if (!failure->retryable()) {
-        fenced = t->finish(id, owner, record_state::failed, r, reason_of(*failure), terms);
-      } else if (failure->in_doubt()) {
-        // The downstream outcome is unknown and the call may still be running
-        // there: keep the key until this attempt's deadline has passed.
-        fenced = hold_until(*t, id, owner, a.deadline(), terms, reason_of(*failure), ctx.runner,
-                            backoff_us(a.number()));
-      } else {
-        fenced = t->release(id, owner, reason_of(*failure), backoff_us(a.number()), ctx.runner);
-      }
-      if (!fenced) {
-        t->rollback();
-        throw storage_error::lease_lost("the fenced write of attempt " +
-                                        std::to_string(a.number()) + " matched no lease");
-      }
-      t->commit();  // may throw lease_lost too: a backend that fences in its COMMIT
-      if (failure && failure->retryable()) {
-        error_info e = *failure;
-        if (e.in_doubt()) {
-          // The key is held to the attempt's deadline (hold_until above): a
-          // client sent back sooner would only meet 409 and spend attempts.
-          const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-              a.deadline() - std::chrono::steady_clock::now());
-          if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
-        }
-        throw error(e);
-      }
-      return r;
-    } catch (const storage_error& e) {
-      if (e.code() == codes::lease_lost) {
-        // Nothing was recorded; the lease is another attempt's now.
-        log(log_level::warning, "scope " + id.scope + " key " + id.key +
-                                    ": lease lost before recording; attempt " +
-                                    std::to_string(a.number()) + " not recorded");
-        throw;
-      }
-      // An in-doubt RPC keeps its lease to its deadline (see hold_until):
-      // releasing it here would let a retry overlap the call downstream.
-      if (!(failure && failure->in_doubt())) {
-        release_quietly(store_, id, owner, e.what(), ctx, backoff_us(a.number()));
-      } else {
-        note_in_doubt_quietly(store_, id, owner, reason_of(*failure), ctx.runner);
-      }
-      if (e.retryable()) throw;
-      // Even a permanent database error here leaves the key retryable: the
-      // RPC ran, so the client must come back and let a retry finish it.
-      log(log_level::error, "scope " + id.scope + " key " + id.key +
-                                ": recording the result failed after the RPC ran: " + e.what());
-      throw error(error_info::of(error_class::unavailable, codes::post_rpc_failed,
-                                 "recording the result failed; retry with the same key")
-                      .with_internal(e.what()));
-    }
+    const std::int64_t backoff = backoff_us(a.number());
+    response r;
+    record_after_rpc({store_, config_, id, owner, ctx, a, failure, backoff},
+                     [&](detail::record_tx& t, tx& handler_tx) {
+                       r = p.post(handler_tx, a);
+                       if (!failure) {
+                         return t.finish(id, owner, record_state::succeeded, r, {}, terms);
+                       }
+                       if (!failure->retryable()) {
+                         return t.finish(id, owner, record_state::failed, r, reason_of(*failure),
+                                         terms);
+                       }
+                       if (failure->in_doubt()) {
+                         // The downstream outcome is unknown and the call may still be
+                         // running there: keep the key until this attempt's deadline.
+                         return hold_until(t, id, owner, a.deadline(), terms, reason_of(*failure),
+                                           ctx.runner, backoff);
+                       }
+                       return t.release(id, owner, reason_of(*failure), backoff, ctx.runner);
+                     });
+    if (failure && failure->retryable()) throw_retryable(*failure, a);
+    return r;
   }
   // Only a storm of inserts and purges on one key gets here.
   throw_in_progress(0);
+}
+
+namespace {
+
+/// Transaction 1 or the last step's record may have used up the time of the
+/// next RPC: one started now could outlive the lease and overlap a take-over.
+void ensure_time_left(store& s, const request_id& id, std::string_view owner,
+                      const detail::run_context& ctx, const attempt& a, std::int64_t backoff) {
+  if (clock::now() < a.deadline()) return;
+  release_quietly(s, id, owner, "the RPC deadline passed before the RPC started", ctx, backoff,
+                  a.step());
+  throw error(error_info::of(error_class::unavailable, codes::deadline_exceeded,
+                             "the request ran out of time before calling downstream; "
+                             "retry with the same key"));
+}
+
+}  // namespace
+
+response manager::run_flow(flow_run& f) {
+  if (f.progress.compensating) return compensate_and_fail(f, nullptr, std::nullopt);
+  const auto& steps = f.flow.steps;
+  const after_rpc::failure_type no_failure;
+  for (std::size_t i = f.progress.done.size(); i < steps.size(); ++i) {
+    const detail::step_phase& s = steps[i];
+    const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name);
+    const std::int64_t backoff = backoff_us(f.number);
+    ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
+    nlohmann::json result;
+    const std::optional<error_info> failure = s.rpc(a, step_results(f.progress.done), result);
+    if (!failure) {
+      // The step's SQL and its result commit together: the recovery point,
+      // with the lease renewed for the next step, or after the last step the
+      // response.
+      const bool last = i + 1 == steps.size();
+      f.started = clock::now();
+      f.progress.done.emplace_back(std::string(s.name), std::move(result));
+      response r;
+      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
+                       [&](detail::record_tx& t, tx& handler_tx) {
+                         if (s.post) s.post(handler_tx, a, f.progress.done.back().second);
+                         if (!last) {
+                           return t.save_progress(f.id, f.owner,
+                                                  detail::encode_progress(f.progress), f.terms);
+                         }
+                         r = f.flow.respond(handler_tx, a, step_results(f.progress.done));
+                         return t.finish(f.id, f.owner, record_state::succeeded, r, {}, f.terms);
+                       });
+      if (last) return r;
+      continue;
+    }
+    if (!failure->retryable() && i <= f.flow.pivot) {
+      // Up to the pivot a failure for good goes backwards: the finished
+      // steps are compensated, then the failure is recorded.
+      f.progress.compensating = *failure;
+      return compensate_and_fail(f, &a, failure);
+    }
+    // Safe to retry; or past the pivot, where the request only goes forward:
+    // it stays retryable (a completer or the client tries again, and a
+    // person decides once it runs out of attempts).
+    error_info told = *failure;
+    if (!failure->retryable()) {
+      told = error_info::of(error_class::unavailable, codes::step_failed_after_pivot,
+                            "the request is past its point of no return and a later step "
+                            "failed; it will be finished, retry later with the same key")
+                 .with_internal("step " + std::string(s.name) + ": " + reason_of(*failure));
+    }
+    record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, failure, backoff},
+                     [&](detail::record_tx& t, tx&) {
+                       const std::string why = std::string(s.name) + ": " + reason_of(*failure);
+                       if (failure->in_doubt()) {
+                         return hold_until(t, f.id, f.owner, a.deadline(), f.terms, why,
+                                           f.ctx.runner, backoff, s.name);
+                       }
+                       return t.release(f.id, f.owner, why, backoff, f.ctx.runner, s.name);
+                     });
+    throw_retryable(told, a);
+  }
+  // Every step finished and the response was not recorded: cannot happen
+  // (the last step records it), unless the recovery point was edited by hand.
+  throw error(unreadable_pre_state("the recovery point says every step finished"));
+}
+
+response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
+                                      const std::optional<error_info>& step_failure) {
+  const error_info failure = *f.progress.compensating;
+  const auto& steps = f.flow.steps;
+  const auto index_of = [&](std::string_view name) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].name == name) return i;
+    }
+    return steps.size();  // decode_progress checked the names: not reached
+  };
+  const bool any_compensation = std::any_of(
+      f.progress.done.begin(), f.progress.done.end(),
+      [&](const auto& d) { return static_cast<bool>(steps[index_of(d.first)].compensate); });
+  const after_rpc::failure_type no_failure;
+  if (any_compensation && failed_step != nullptr) {
+    // The way back is recorded before it starts: a crash from here on
+    // resumes the compensations, never the steps.
+    f.started = clock::now();
+    record_after_rpc(
+        {store_, config_, f.id, f.owner, f.ctx, *failed_step, step_failure, backoff_us(f.number)},
+        [&](detail::record_tx& t, tx&) {
+          return t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms);
+        });
+  }
+  while (!f.progress.done.empty()) {
+    const detail::step_phase& s = steps[index_of(f.progress.done.back().first)];
+    if (!s.compensate) {  // nothing to undo; on a resume it is passed over again
+      f.progress.done.pop_back();
+      continue;
+    }
+    const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name);
+    const std::int64_t backoff = backoff_us(f.number);
+    ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
+    const std::optional<error_info> err = s.compensate(a, f.progress.done.back().second);
+    const std::string why =
+        std::string(s.name) + " (compensation): " + (err ? reason_of(*err) : std::string());
+    if (!err) {
+      f.started = clock::now();
+      f.progress.done.pop_back();
+      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
+                       [&](detail::record_tx& t, tx&) {
+                         return t.save_progress(f.id, f.owner, detail::encode_progress(f.progress),
+                                                f.terms);
+                       });
+      continue;
+    }
+    if (err->retryable()) {
+      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, err, backoff},
+                       [&](detail::record_tx& t, tx&) {
+                         if (err->in_doubt()) {
+                           return hold_until(t, f.id, f.owner, a.deadline(), f.terms, why,
+                                             f.ctx.runner, backoff, s.name);
+                         }
+                         return t.release(f.id, f.owner, why, backoff, f.ctx.runner, s.name);
+                       });
+      throw_retryable(*err, a);
+    }
+    // A compensation that cannot succeed (a void refused after a capture):
+    // the library cannot undo the step; a person decides.
+    const std::string parked_why = std::string(codes::compensation_failed) + " at attempt " +
+                                   std::to_string(f.number) + ": " + why;
+    record_after_rpc(
+        {store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
+        [&](detail::record_tx& t, tx&) {
+          if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
+            return false;
+          }
+          t.park(f.id, parked_why, f.ctx.runner, s.name);
+          return true;
+        });
+    log(log_level::warning, "scope " + f.id.scope + " key " + f.id.key + ": parked, " + parked_why);
+    alert_parked(config_, parked_event{f.id.scope, f.id.key, f.number,
+                                       std::string(codes::compensation_failed), why, false});
+    throw_parked(config_.parked_retry_after);
+  }
+  // Everything undone: the failure is the request's answer from now on.
+  const attempt a(f.id, f.number, f.started + config_.rpc_timeout,
+                  failed_step != nullptr ? failed_step->step() : std::string_view{});
+  response r;
+  record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff_us(f.number)},
+                   [&](detail::record_tx& t, tx& handler_tx) {
+                     r = f.flow.failed(handler_tx, a, failure);
+                     return t.finish(f.id, f.owner, record_state::failed, r, reason_of(failure),
+                                     f.terms);
+                   });
+  return r;
 }
 
 std::int64_t manager::backoff_us(int attempts) const {

@@ -17,6 +17,7 @@ constexpr code_status kByCode[] = {
     {codes::downstream_timeout, 504},    {codes::gateway_timeout, 504},
     {codes::downstream_closed, 502},     {codes::gateway_error, 502},
     {codes::charge_status_unknown, 502}, {codes::card_declined, 402},
+    {codes::request_cancelled, 409},
 };
 
 int status_of_class(error_class c) noexcept {

@@ -92,7 +92,13 @@ record_sql::record_sql(const sql_dialect& d) {
       "handler_version, next_attempt_us, retention_us) VALUES (?, ?, ?, " +
       in_progress + ", 1, ?, " + now + " + ?, " + now + ", " + now + ", " + now + " + ?, " + now +
       " + ? + ?, ?, ?, " + now + " + ?, ?)" + d.insert_if_absent_suffix;
-  save_pre_state = "UPDATE orpheus_records SET pre_state = ?, updated_us = " + now + fence();
+  save_pre_state =
+      "UPDATE orpheus_records SET pre_state = ?, steps = ?, updated_us = " + now + fence();
+  // A step of a multi-step request finished (or a compensation did): its
+  // recovery point, and the lease renewed for the next step.
+  save_progress = "UPDATE orpheus_records SET steps = ?, lease_expires_us = " + now +
+                  " + ?, next_attempt_us = " + if_handler + " + ? END, updated_us = " + now +
+                  fence();
   take_lease = "UPDATE orpheus_records SET state = " + in_progress +
                ", lease_owner = ?, lease_expires_us = " + now +
                " + ?, next_attempt_us = " + if_handler +
@@ -111,9 +117,9 @@ record_sql::record_sql(const sql_dialect& d) {
          now + " WHERE scope = ? AND idem_key = ?";
   // The attempt number comes from the record itself, in the same statement.
   add_history =
-      "INSERT INTO orpheus_attempts(scope, idem_key, attempt, at_us, outcome, runner, error) "
-      "SELECT scope, idem_key, attempts, " +
-      now + ", ?, ?, ? FROM orpheus_records WHERE scope = ? AND idem_key = ?";
+      "INSERT INTO orpheus_attempts(scope, idem_key, attempt, at_us, outcome, runner, step, "
+      "error) SELECT scope, idem_key, attempts, " +
+      now + ", ?, ?, ?, ? FROM orpheus_records WHERE scope = ? AND idem_key = ?";
   // The same, only while `owner` holds the lease of the record in progress.
   add_history_fenced = add_history + " AND lease_owner = ? AND state = " + in_progress;
   // An attempt found in progress under an expired lease left no row of its
@@ -136,6 +142,14 @@ record_sql::record_sql(const sql_dialect& d) {
             " END, retry_until_us = " + now + " + ?, expires_us = " + now +
             " + ? + ?, last_error = ?, updated_us = " + now +
             " WHERE scope = ? AND idem_key = ? AND state = " + parked;
+  // A cancel by a person: like a requeue, with the recovery point that
+  // sends the next attempt backwards (orpheus/steps.hpp).
+  cancel = "UPDATE orpheus_records SET state = " + number(record_state::retryable) +
+           ", steps = ?, attempts_before_requeue = attempts, next_attempt_us = " + if_handler +
+           " END, retry_until_us = " + now + " + ?, expires_us = " + now +
+           " + ? + ?, last_error = ?, updated_us = " + now +
+           " WHERE scope = ? AND idem_key = ? AND (state = " + parked +
+           " OR state = " + number(record_state::retryable) + ")";
   // Only a record no attempt can be running for: a lease that merely
   // expired may belong to a call still going on downstream (in doubt).
   resolve =
@@ -219,10 +233,20 @@ std::optional<record> record_tx::lock(const request_id& id) {
   return record_from_row(rows.front(), true);
 }
 
-bool record_tx::save_pre_state(const request_id& id, std::string_view owner,
-                               std::string_view json) {
-  const sql_value p[] = {std::string(json), id.scope, id.key, std::string(owner)};
+bool record_tx::save_pre_state(const request_id& id, std::string_view owner, std::string_view json,
+                               std::string_view recovery_point) {
+  const sql_value no_steps = nullptr;
+  const sql_value p[] = {std::string(json),
+                         recovery_point.empty() ? no_steps : sql_value(std::string(recovery_point)),
+                         id.scope, id.key, std::string(owner)};
   return t_->execute_fenced(sql_.save_pre_state, p, &pre_state_fence_failed);
+}
+
+bool record_tx::save_progress(const request_id& id, std::string_view owner,
+                              std::string_view recovery_point, const lease_terms& t) {
+  const sql_value p[] = {std::string(recovery_point), t.lease_us, t.lease_us, id.scope, id.key,
+                         std::string(owner)};
+  return t_->execute_fenced(sql_.save_progress, p, &finish_fence_failed);
 }
 
 void record_tx::take_lease(const request_id& id, std::string_view owner, int attempts,
@@ -248,32 +272,48 @@ bool record_tx::finish(const request_id& id, std::string_view owner, record_stat
 }
 
 bool record_tx::release(const request_id& id, std::string_view owner, std::string_view why,
-                        std::int64_t retry_in_us, std::string_view runner) {
+                        std::int64_t retry_in_us, std::string_view runner, std::string_view step) {
   const sql_value p[] = {retry_in_us, std::string(why), id.scope, id.key, std::string(owner)};
   if (t_->execute_values(sql_.release, p) != 1) return false;
-  add_history(id, "retryable", why, runner);
+  add_history(id, "retryable", why, runner, step);
   return true;
 }
 
-void record_tx::park(const request_id& id, std::string_view why, std::string_view runner) {
+void record_tx::park(const request_id& id, std::string_view why, std::string_view runner,
+                     std::string_view step) {
   const sql_value p[] = {std::string(why), id.scope, id.key};
   t_->execute_values(sql_.park, p);
-  add_history(id, "parked", why, runner);
+  add_history(id, "parked", why, runner, step);
 }
 
+namespace {
+sql_value step_or_null(std::string_view step) {
+  if (step.empty()) return nullptr;
+  return std::string(step);
+}
+}  // namespace
+
 void record_tx::add_history(const request_id& id, std::string_view outcome, std::string_view error,
-                            std::string_view runner) {
-  const sql_value p[] = {std::string(outcome), std::string(runner), std::string(error), id.scope,
+                            std::string_view runner, std::string_view step) {
+  const sql_value p[] = {std::string(outcome),
+                         std::string(runner),
+                         step_or_null(step),
+                         std::string(error),
+                         id.scope,
                          id.key};
   t_->execute_values(sql_.add_history, p);
 }
 
 bool record_tx::add_history_fenced(const request_id& id, std::string_view owner,
                                    std::string_view outcome, std::string_view error,
-                                   std::string_view runner) {
-  const sql_value p[] = {
-      std::string(outcome), std::string(runner), std::string(error), id.scope, id.key,
-      std::string(owner)};
+                                   std::string_view runner, std::string_view step) {
+  const sql_value p[] = {std::string(outcome),
+                         std::string(runner),
+                         step_or_null(step),
+                         std::string(error),
+                         id.scope,
+                         id.key,
+                         std::string(owner)};
   return t_->execute_values(sql_.add_history_fenced, p) == 1;
 }
 
@@ -287,6 +327,20 @@ bool record_tx::requeue(const request_id& id, std::string_view note, const lease
                          std::string(note), id.scope,          id.key};
   if (t_->execute_values(sql_.requeue, p) != 1) return false;
   add_history(id, "requeued", note, "operator");
+  return true;
+}
+
+bool record_tx::cancel(const request_id& id, std::string_view recovery_point, std::string_view note,
+                       const lease_terms& t) {
+  const sql_value p[] = {std::string(recovery_point),
+                         t.retry_window_us,
+                         t.retry_window_us,
+                         t.retention_us,
+                         std::string(note),
+                         id.scope,
+                         id.key};
+  if (t_->execute_values(sql_.cancel, p) != 1) return false;
+  add_history(id, "cancelled", note, "operator");
   return true;
 }
 

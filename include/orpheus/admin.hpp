@@ -125,6 +125,18 @@ class admin {
   admin_result resolve(std::string_view scope, std::string_view key, const response& r,
                        std::string_view note);
 
+  /// Cancels a multi-step request (orpheus/steps.hpp) that has not passed
+  /// its pivot: its next attempt (a completer's, or its client's retry)
+  /// runs the compensations of the finished steps, last first, and records
+  /// the failure codes::request_cancelled. The attempts made so far stop
+  /// counting against config::max_attempts. Only for a parked or retryable
+  /// record (as resolve()); refused for a request of a single RPC (nothing
+  /// to compensate: check downstream and resolve() it), for one past its
+  /// pivot (it only goes forward), and for one already going backwards.
+  /// A compensation that cannot undo its step (a void refused after a
+  /// capture) parks the request again.
+  admin_result cancel(std::string_view scope, std::string_view key, std::string_view note);
+
   /// Purges expired records (never a parked one, never one under a live
   /// lease) and their history, `batch_limit` rows per statement, on every
   /// shard, until none is left. Returns the rows deleted (records and

@@ -92,6 +92,7 @@
 #include "orpheus/error.hpp"
 #include "orpheus/problem.hpp"
 #include "orpheus/request.hpp"
+#include "orpheus/steps.hpp"
 #include "orpheus/store.hpp"
 #include "orpheus/tx.hpp"
 
@@ -235,6 +236,25 @@ struct run_context {
   std::string_view runner = "client";  ///< "client" or "completer", for the history
 };
 
+/// One step of a multi-step request with its types erased and the
+/// request's Pre-RPC result bound (manager::process_flow).
+struct step_phase {
+  std::string_view name;
+  std::function<std::optional<error_info>(const attempt&, const step_results&, nlohmann::json&)>
+      rpc;
+  std::function<void(tx&, const attempt&, const nlohmann::json&)> post;  ///< may be empty
+  std::function<std::optional<error_info>(const attempt&, const nlohmann::json&)>
+      compensate;  ///< may be empty
+};
+
+/// A multi-step request (orpheus/steps.hpp) as the core runs it.
+struct flow_phases {
+  std::vector<step_phase> steps;
+  std::size_t pivot = 0;
+  std::function<response(tx&, const attempt&, const step_results&)> respond;
+  std::function<response(tx&, const attempt&, const error_info&)> failed;
+};
+
 /// The three phases with their types erased; see manager::process().
 struct phases {
   std::function<nlohmann::json(tx&)> pre;
@@ -244,6 +264,8 @@ struct phases {
   /// Runs the RPC; returns nullopt on success, or the classified error.
   std::function<std::optional<error_info>(const attempt&)> rpc;
   std::function<response(tx&, const attempt&)> post;
+  /// Set for a multi-step request: then `rpc` and `post` are not used.
+  const flow_phases* flow = nullptr;
 };
 }  // namespace detail
 
@@ -286,6 +308,15 @@ class manager {
       outcome<response> try_process(const request_id& id, Pre&& pre, Rpc&& rpc, Post&& post,
                                     const process_options& options = {});
 
+  /// A multi-step request (orpheus/steps.hpp): Pre-RPC as above, then the
+  /// steps of `flow`, each recorded as it finishes, resumed by a retry at the
+  /// first unfinished one. Throws what process() throws, and config_error
+  /// when `flow` cannot run (steps::validate()). A retry of a key recorded
+  /// with other steps (another deploy) is refused as pre_state_unreadable.
+  template <pre_rpc_phase Pre>
+  response process(const request_id& id, Pre&& pre, const steps<detail::pre_state_of<Pre>>& flow,
+                   const process_options& options = {});
+
   /// Purges one bounded batch of expired records and their history on every
   /// shard (store::purge_expired); returns how many rows were deleted.
   std::size_t purge_expired(std::size_t batch_limit);
@@ -312,6 +343,11 @@ class manager {
   requires rpc_phase<Rpc, PreState> &&
       post_rpc_phase<Post, PreState, detail::outcome_of_rpc<Rpc, PreState>>
   void register_handler(std::string name, int version, Rpc rpc, Post post);
+
+  /// A multi-step request registered under a name: the completer resumes it
+  /// at its first unfinished step (or its compensations). `flow` is copied.
+  template <class PreState>
+  void register_handler(std::string name, int version, steps<PreState> flow);
 
   /// process() with the RPC and Post-RPC registered under `handler`, and
   /// this request's Pre-RPC. The record remembers the handler. Throws
@@ -354,9 +390,17 @@ class manager {
   response process_with(const detail::run_context& ctx, const request_id& id,
                         const pre_function& pre, Rpc& rpc, Post& post,
                         const process_options& options);
+  template <class PreState>
+  response process_flow(const detail::run_context& ctx, const request_id& id,
+                        const pre_function& pre, const steps<PreState>& flow,
+                        const process_options& options);
   const registered_handler& handler_named(std::string_view name) const;
   response run(const request_id& id, const detail::phases& p, const process_options& options,
                const detail::run_context& ctx);
+  struct flow_run;
+  response run_flow(flow_run& f);
+  response compensate_and_fail(flow_run& f, const attempt* failed_step,
+                               const std::optional<error_info>& step_failure);
   void add_handler(std::string name, int version, registered_handler h);
   /// The completer's wait after `attempts` attempts, drawn with jitter.
   [[nodiscard]] std::int64_t backoff_us(int attempts) const;
@@ -443,7 +487,70 @@ response manager::process_with(const detail::run_context& ctx, const request_id&
             return std::invoke(post, t, a, result->value());
           }
         }
-      }};
+      },
+      nullptr};
+  return run(id, p, options, ctx);
+}
+
+template <pre_rpc_phase Pre>
+response manager::process(const request_id& id, Pre&& pre,
+                          const steps<detail::pre_state_of<Pre>>& flow,
+                          const process_options& options) {
+  return process_flow<detail::pre_state_of<Pre>>(
+      detail::run_context{}, id, [&](tx& t) { return nlohmann::json(std::invoke(pre, t)); }, flow,
+      options);
+}
+
+template <class PreState>
+void manager::register_handler(std::string name, int version, steps<PreState> flow) {
+  flow.validate();
+  registered_handler h;
+  h.pre_state = typeid(PreState);
+  h.run = [flow = std::move(flow)](manager& m, const request_id& id, const process_options& options,
+                                   const detail::run_context& ctx, const pre_function& pre) {
+    return m.process_flow<PreState>(ctx, id, pre, flow, options);
+  };
+  add_handler(std::move(name), version, std::move(h));
+}
+
+template <class PreState>
+response manager::process_flow(const detail::run_context& ctx, const request_id& id,
+                               const pre_function& pre, const steps<PreState>& flow,
+                               const process_options& options) {
+  flow.validate();
+  std::optional<PreState> state;
+  detail::flow_phases f;
+  f.pivot = flow.pivot_index();
+  for (const auto& d : flow.defs()) {
+    detail::step_phase s;
+    s.name = d.name;
+    s.rpc = [&state, &d](const attempt& a, const step_results& done, nlohmann::json& out) {
+      return d.rpc(a, *state, done, out);
+    };
+    if (d.post) {
+      s.post = [&state, &d](tx& t, const attempt& a, const nlohmann::json& r) {
+        d.post(t, a, *state, r);
+      };
+    }
+    if (d.compensate) {
+      s.compensate = [&state, &d](const attempt& a, const nlohmann::json& r) {
+        return d.compensate(a, *state, r);
+      };
+    }
+    f.steps.push_back(std::move(s));
+  }
+  f.respond = [&state, &flow](tx& t, const attempt& a, const step_results& done) {
+    return flow.responder()(t, a, *state, done);
+  };
+  f.failed = [&state, &flow](tx& t, const attempt& a, const error_info& e) {
+    if (flow.failure_responder()) return flow.failure_responder()(t, a, *state, e);
+    return problem_response(e);
+  };
+  detail::phases p{pre,
+                   [&](const nlohmann::json& stored) { state.emplace(stored.get<PreState>()); },
+                   {},
+                   {},
+                   &f};
   return run(id, p, options, ctx);
 }
 

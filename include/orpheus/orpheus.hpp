@@ -38,6 +38,7 @@
 #include "orpheus/problem.hpp"
 #include "orpheus/request.hpp"
 #include "orpheus/shard_map.hpp"
+#include "orpheus/steps.hpp"
 #include "orpheus/store.hpp"
 #include "orpheus/transport.hpp"
 #include "orpheus/tx.hpp"

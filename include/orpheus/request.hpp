@@ -97,8 +97,9 @@ struct response {
 /// Lifetime: valid for the duration of one process() call.
 class attempt {
  public:
-  attempt(const request_id& id, int number, std::chrono::steady_clock::time_point deadline)
-      : id_(&id), number_(number), deadline_(deadline) {}
+  attempt(const request_id& id, int number, std::chrono::steady_clock::time_point deadline,
+          std::string_view step = {})
+      : id_(&id), number_(number), deadline_(deadline), step_(step) {}
 
   [[nodiscard]] const request_id& id() const noexcept { return *id_; }
   /// 1 for the first attempt; a take-over after a crash or a retryable
@@ -114,11 +115,15 @@ class attempt {
   /// A key derived from (scope, key, name), the same on every attempt, to pass
   /// to a downstream service so that it deduplicates too.
   [[nodiscard]] std::string downstream_key(std::string_view name) const;
+  /// The step this RPC (or compensation) belongs to, in a multi-step request
+  /// (orpheus/steps.hpp); empty for process()'s single RPC.
+  [[nodiscard]] std::string_view step() const noexcept { return step_; }
 
  private:
   const request_id* id_;
   int number_;
   std::chrono::steady_clock::time_point deadline_;
+  std::string_view step_;
 };
 
 }  // namespace orpheus

@@ -3,9 +3,13 @@
 // retry. The "bank" is a ledger file of downstream keys (one line per charge),
 // which deduplicates like a real gateway would when asked first.
 //
-//   crash_child STORE SCOPE KEY LEDGER CRASH_AT
+//   crash_child STORE SCOPE KEY LEDGER CRASH_AT [steps]
 //     STORE     sqlite:PATH or mysql://u:p@host:port/db
 //     CRASH_AT  none | before_charge | after_charge | in_post | after_commit
+//     with `steps`, a request of three steps (authorise, capture: the pivot,
+//     notify; orpheus/steps.hpp) whose ledger lines are "OP KEY", and every
+//     call is also logged to LEDGER.calls as "OP ATTEMPT":
+//     CRASH_AT  none | before_X | after_X (X each step) | after_commit
 // Prints "AT <point>" when it reaches the crash point, then sleeps until
 // killed. Without a crash it prints "STATUS <n> REPLAYED <0|1> RETRY <0|1>"
 // and exits 0, or "ERROR <code> RETRYABLE <0|1> AFTER_MS <n>" and exits 3.
@@ -18,6 +22,7 @@
 #include <thread>
 
 #include "orpheus/manager.hpp"
+#include "orpheus/steps.hpp"
 #include "orpheus/store/mysql.hpp"
 #include "orpheus/store/sqlite.hpp"
 
@@ -51,10 +56,11 @@ void ledger_charge(const std::string& ledger, const std::string& key) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::cerr << "usage: crash_child STORE SCOPE KEY LEDGER CRASH_AT\n";
+  if (argc != 6 && !(argc == 7 && std::string(argv[6]) == "steps")) {
+    std::cerr << "usage: crash_child STORE SCOPE KEY LEDGER CRASH_AT [steps]\n";
     return 2;
   }
+  const bool with_steps = argc == 7;
   const std::string store_arg = argv[1];
   const orpheus::request_id id{argv[2], argv[3], orpheus::fingerprint_of("amount=100")};
   const std::string ledger = argv[4];
@@ -83,6 +89,49 @@ int main(int argc, char** argv) {
   orpheus::manager m(*store, cfg);
   const std::string pid = id.scope + "/" + id.key;
   bool was_retry = false;
+  if (with_steps) {
+    // Each step asks the ledger before acting (a bank that deduplicates by
+    // key), and its SQL marks the payment's row.
+    orpheus::steps<std::string> flow;
+    for (const std::string op : {"authorise", "capture", "notify"}) {
+      auto s = flow.step(
+          op, [&, op](const orpheus::attempt& a, const std::string&, const orpheus::step_results&) {
+            was_retry = a.is_retry();
+            ledger_charge(ledger + ".calls", op + " " + std::to_string(a.number()));
+            reach("before_" + op, crash_at);
+            const std::string line = op + " " + a.downstream_key(op);
+            if (!ledger_has(ledger, line)) ledger_charge(ledger, line);
+            reach("after_" + op, crash_at);
+            return line;
+          });
+      s.post(
+          [&, op](orpheus::tx& t, const orpheus::attempt&, const std::string&, const std::string&) {
+            t.execute("UPDATE crash_payments SET result = ? WHERE id = ?", op, pid);
+          });
+      if (op == "capture") s.pivot();
+    }
+    flow.respond([](orpheus::tx&, const orpheus::attempt&, const std::string&,
+                    const orpheus::step_results& done) {
+      return orpheus::response{201, {}, done.get<std::string>("notify")};
+    });
+    try {
+      const auto r = m.process(
+          id,
+          [&](orpheus::tx& t) {
+            t.execute("INSERT INTO crash_payments (id) VALUES (?)", pid);
+            return pid;
+          },
+          flow);
+      reach("after_commit", crash_at);
+      std::cout << "STATUS " << r.status << " REPLAYED " << r.replayed << " RETRY " << was_retry
+                << std::endl;
+      return 0;
+    } catch (const orpheus::error& e) {
+      std::cout << "ERROR " << e.code() << " RETRYABLE " << e.retryable() << " AFTER_MS "
+                << e.retry_after().value_or(std::chrono::milliseconds(0)).count() << std::endl;
+      return 3;
+    }
+  }
   try {
     const auto r = m.process(
         id,

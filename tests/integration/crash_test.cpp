@@ -16,10 +16,11 @@ namespace {
 struct crash_case {
   std::string backend;
   std::string point;
+  bool steps = false;  ///< the three-step request of crash_child
 };
 
 std::string case_name(const testing::TestParamInfo<crash_case>& p) {
-  return p.param.backend + "_" + p.param.point;
+  return p.param.backend + (p.param.steps ? "_steps_" : "_") + p.param.point;
 }
 
 class Crash : public testing::TestWithParam<crash_case> {
@@ -40,19 +41,47 @@ class Crash : public testing::TestWithParam<crash_case> {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::vector<std::string> args(const std::string& crash_at) const {
-    return {ORPHEUS_BINARY_DIR "/tests/orpheus_crash_child",
-            store_arg_,
-            scope_,
-            "key-1",
-            ledger_,
-            crash_at};
+    std::vector<std::string> out = {ORPHEUS_BINARY_DIR "/tests/orpheus_crash_child",
+                                    store_arg_,
+                                    scope_,
+                                    "key-1",
+                                    ledger_,
+                                    crash_at};
+    if (GetParam().steps) out.emplace_back("steps");
+    return out;
   }
 
-  int charges() const {
-    std::ifstream in(ledger_);
+  // Lines of `file` that start with `prefix`.
+  static int lines_of(const std::string& file, const std::string& prefix = {}) {
+    std::ifstream in(file);
     int n = 0;
-    for (std::string line; std::getline(in, line);) n += line.empty() ? 0 : 1;
+    for (std::string line; std::getline(in, line);) {
+      n += !line.empty() && line.rfind(prefix, 0) == 0 ? 1 : 0;
+    }
     return n;
+  }
+  int charges() const { return lines_of(ledger_); }
+
+  // Kills a child at the crash point, then retries from new processes until
+  // one gets an answer; returns that answer.
+  std::string crash_then_retry(const std::string& point) {
+    {
+      test::child_process doomed(args(point));
+      const auto line = doomed.read_line(std::chrono::seconds(30));
+      EXPECT_EQ(line.value_or("<nothing>"), "AT " + point);
+      doomed.kill_hard();
+    }
+    for (int i = 0; i < 40; ++i) {
+      test::child_process retry(args("none"));
+      const auto line = retry.read_line(std::chrono::seconds(30)).value_or("<nothing>");
+      const int rc = retry.wait();
+      if (rc == 0) return line;
+      EXPECT_EQ(rc, 3) << line;
+      EXPECT_NE(line.find("RETRYABLE 1"), std::string::npos) << line;
+      if (rc != 3) return {};
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return {};
   }
 
   std::filesystem::path dir_;
@@ -61,6 +90,37 @@ class Crash : public testing::TestWithParam<crash_case> {
 
 TEST_P(Crash, KilledProcessIsRetriedToExactlyOneCharge) {
   const std::string point = GetParam().point;
+  if (GetParam().steps) {
+    // A crash between any two steps (or inside one) resumes at the right
+    // step: every operation reaches the bank once, and no step that
+    // committed is called again.
+    const std::string final_line = crash_then_retry(point);
+    ASSERT_FALSE(final_line.empty()) << "the retry never got an answer";
+    EXPECT_EQ(final_line.rfind("STATUS 201 REPLAYED ", 0), 0U) << final_line;
+    for (const char* op : {"authorise ", "capture ", "notify "}) {
+      EXPECT_EQ(lines_of(ledger_, op), 1)
+          << op << "reached the bank " << lines_of(ledger_, op) << " times";
+    }
+    const std::string calls = ledger_ + ".calls";
+    // Committed before the crash point: never called again.
+    const std::vector<std::pair<std::string, std::string>> committed_before = {
+        {"before_capture", "authorise "}, {"after_capture", "authorise "},
+        {"before_notify", "authorise "},  {"before_notify", "capture "},
+        {"after_notify", "authorise "},   {"after_notify", "capture "},
+        {"after_commit", "authorise "},   {"after_commit", "capture "},
+        {"after_commit", "notify "}};
+    for (const auto& [at, op] : committed_before) {
+      if (at == point) {
+        EXPECT_EQ(lines_of(calls, op), 1) << op << "ran again after " << at;
+      }
+    }
+    test::child_process again(args("none"));
+    EXPECT_EQ(again.read_line(std::chrono::seconds(30)).value_or(""),
+              "STATUS 201 REPLAYED 1 RETRY 0");
+    EXPECT_EQ(again.wait(), 0);
+    EXPECT_EQ(charges(), 3);
+    return;
+  }
   {
     test::child_process doomed(args(point));
     const auto line = doomed.read_line(std::chrono::seconds(30));
@@ -109,7 +169,11 @@ std::vector<crash_case> all_cases() {
   std::vector<crash_case> out;
   for (const char* b : {"sqlite", "mysql"}) {
     for (const char* p : {"before_charge", "after_charge", "in_post", "after_commit"}) {
-      out.push_back({b, p});
+      out.push_back({b, p, false});
+    }
+    for (const char* p : {"before_authorise", "after_authorise", "before_capture", "after_capture",
+                          "before_notify", "after_notify", "after_commit"}) {
+      out.push_back({b, p, true});
     }
   }
   return out;

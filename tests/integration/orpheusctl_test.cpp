@@ -187,6 +187,61 @@ TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
   for (const auto& v : migrated["schema_version"]) EXPECT_EQ(v, store_->schema_version(0));
 }
 
+TEST_P(Orpheusctl, CancelsAMultiStepRequestBeforeItsPivotOnly) {
+  config cfg;
+  cfg.max_attempts = 1;
+  manager m(*store_, cfg);
+  std::vector<std::string> calls;
+  bool capture_down = true;
+  steps<std::string> flow;
+  flow.step("authorise",
+            [&](const attempt& a, const std::string&, const step_results&) {
+              calls.push_back("authorise#" + std::to_string(a.number()));
+              return std::string("au");
+            })
+      .compensate([&](const attempt& a, const std::string&, const std::string&) {
+        calls.push_back("void#" + std::to_string(a.number()));
+      })
+      .step("capture",
+            [&](const attempt& a, const std::string&, const step_results&) -> std::string {
+              calls.push_back("capture#" + std::to_string(a.number()));
+              if (capture_down) throw retryable_error("bank_unavailable", "503");
+              return "cap";
+            })
+      .respond([](tx&, const attempt&, const std::string&, const step_results&) {
+        return response{201, {}, "paid"};
+      });
+  const auto run = [&](const std::string& key) {
+    return m.process(
+        id(key), [&](tx&) { return key; }, flow);
+  };
+  EXPECT_THROW(run("order"), error);
+  EXPECT_THROW(run("order"), error);  // parked
+  ASSERT_EQ(store_->inspect(id("order"))->state, record_state::parked);
+
+  auto r = ctl({"--json", "show", scope_, "order"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.parsed()["recovery_point"].get<std::string>().find("authorise"), std::string::npos);
+  EXPECT_EQ(r.parsed()["history"][0]["step"], "capture");
+  EXPECT_EQ(ctl({"cancel", scope_, "order"}).code, 2) << "--note is required";
+  EXPECT_EQ(ctl({"cancel", scope_, "nobody", "--note", "x"}).code, 1);
+  r = ctl({"--json", "cancel", scope_, "order", "--note", "customer asked"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.parsed()["result"], "done");
+  EXPECT_EQ(ctl({"cancel", scope_, "order", "--note", "again"}).code, 3) << "going backwards";
+  const auto cancelled = run("order");
+  EXPECT_EQ(cancelled.status, 409);
+  EXPECT_EQ(calls, (std::vector<std::string>{"authorise#1", "capture#1", "void#2"}));
+  EXPECT_EQ(ctl({"cancel", scope_, "order", "--note", "x"}).code, 3) << "finished";
+
+  // Past the pivot (the last step here): nothing to cancel.
+  capture_down = false;
+  EXPECT_EQ(run("paid").status, 201);
+  r = ctl({"--json", "cancel", scope_, "paid", "--note", "x"});
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(store_->inspect(id("paid"))->state, record_state::succeeded);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Orpheusctl, testing::Values("sqlite", "mysql"),
                          test::backend_name);
 
@@ -201,7 +256,7 @@ TEST(OrpheusctlStore, RefusesAStoreThatIsNotMigratedAndCreatesNoFile) {
   EXPECT_FALSE(std::filesystem::exists(dir / "missing.db")) << "only migrate creates a file";
   const auto migrated = run_ctl("sqlite:" + (dir / "old.db").string(), {"--json", "migrate"});
   ASSERT_EQ(migrated.code, 0);
-  EXPECT_EQ(migrated.parsed()["schema_version"][0], 3);
+  EXPECT_EQ(migrated.parsed()["schema_version"][0], 4);
   EXPECT_EQ(run_ctl("sqlite:" + (dir / "old.db").string(), {"stats"}).code, 0);
   // A bad key is bad usage (2), even when the database cannot be reached
   // (found in review: it was checked after opening the store).

@@ -57,6 +57,11 @@ Commands
   requeue SCOPE KEY --note TEXT
                         a parked request becomes retryable with a fresh
                         budget; it resumes at its next retry
+  cancel SCOPE KEY --note TEXT
+                        a parked or retryable multi-step request before its
+                        pivot: its next attempt undoes the finished steps
+                        (last first) and records request_cancelled; refused
+                        past the pivot and for a request of a single RPC
   resolve SCOPE KEY --status N [--body TEXT] [--content-type T] --note TEXT
                         record what really happened (checked downstream by
                         hand): replayed from now on; succeeded when N < 400,
@@ -239,22 +244,24 @@ void check_schema(orpheus::store& s) {
 json record_json(const orpheus::record_report& r, const std::string& scope,
                  const std::string& key) {
   const auto& rec = r.rec;
-  json out = {{"scope", scope},
-              {"key", key},
-              {"shard", r.shard},
-              {"state", std::string(to_string(rec.state))},
-              {"fingerprint", rec.fingerprint},
-              {"attempts", rec.attempts},
-              {"attempts_before_requeue", rec.attempts_before_requeue},
-              {"lease_owner", rec.lease_owner.empty() ? json(nullptr) : json(rec.lease_owner)},
-              {"lease_expires_us", rec.lease_expires_us},
-              {"created_us", rec.created_us},
-              {"updated_us", rec.updated_us},
-              {"retry_until_us", rec.retry_until_us},
-              {"expires_us", rec.expires_us},
-              {"db_now_us", rec.db_now_us},
-              {"last_error", rec.last_error},
-              {"pre_state", rec.pre_state}};
+  json out = {
+      {"scope", scope},
+      {"key", key},
+      {"shard", r.shard},
+      {"state", std::string(to_string(rec.state))},
+      {"fingerprint", rec.fingerprint},
+      {"attempts", rec.attempts},
+      {"attempts_before_requeue", rec.attempts_before_requeue},
+      {"lease_owner", rec.lease_owner.empty() ? json(nullptr) : json(rec.lease_owner)},
+      {"lease_expires_us", rec.lease_expires_us},
+      {"created_us", rec.created_us},
+      {"updated_us", rec.updated_us},
+      {"retry_until_us", rec.retry_until_us},
+      {"expires_us", rec.expires_us},
+      {"db_now_us", rec.db_now_us},
+      {"last_error", rec.last_error},
+      {"pre_state", rec.pre_state},
+      {"recovery_point", rec.recovery_point.empty() ? json(nullptr) : json(rec.recovery_point)}};
   if (orpheus::is_terminal(rec.state)) {
     out["response"] = {{"status", rec.recorded.status},
                        {"headers", rec.recorded.headers},
@@ -292,6 +299,7 @@ void print_record(const orpheus::record_report& r, const std::string& scope,
               << (rec.lease_expires_us > rec.db_now_us ? " (live)" : " (expired)") << "\n";
   }
   if (!rec.last_error.empty()) std::cout << "  last error   " << rec.last_error << "\n";
+  if (!rec.recovery_point.empty()) std::cout << "  steps        " << rec.recovery_point << "\n";
   if (orpheus::is_terminal(rec.state)) {
     std::cout << "  response     " << rec.recorded.status << ", " << rec.recorded.body.size()
               << " bytes\n";
@@ -335,8 +343,8 @@ void need_positionals(const arguments& args, std::size_t n, const char* what) {
 int run(const arguments& args) {
   if (args.positional.empty()) throw usage_failure("no command");
   const std::string& command = args.positional[0];
-  static const std::vector<std::string> commands = {"show",    "list",  "stats",  "requeue",
-                                                    "resolve", "purge", "migrate"};
+  static const std::vector<std::string> commands = {"show",   "list",    "stats", "requeue",
+                                                    "cancel", "resolve", "purge", "migrate"};
   if (std::find(commands.begin(), commands.end(), command) == commands.end()) {
     throw usage_failure("unknown command '" + command + "'");
   }
@@ -352,6 +360,7 @@ int run(const arguments& args) {
   // usage touches nothing.
   if (command == "show") need_positionals(args, 2, "show SCOPE KEY");
   if (command == "requeue") need_positionals(args, 2, "requeue SCOPE KEY --note TEXT");
+  if (command == "cancel") need_positionals(args, 2, "cancel SCOPE KEY --note TEXT");
   if (command == "resolve") need_positionals(args, 2, "resolve SCOPE KEY --status N --note TEXT");
   if (command == "list" || command == "stats" || command == "purge" || command == "migrate") {
     need_positionals(args, 0, (command + (command == "list" ? " --state S" : "")).c_str());
@@ -368,7 +377,9 @@ int run(const arguments& args) {
     limit = args.number("limit", 100, 1);
   }
   std::string note;
-  if (command == "requeue" || command == "resolve") note = args.need("note");
+  if (command == "requeue" || command == "cancel" || command == "resolve") {
+    note = args.need("note");
+  }
   orpheus::response resolved;
   if (command == "resolve") {
     resolved.status = static_cast<int>(args.number("status", 0, 100));
@@ -471,6 +482,9 @@ int run(const arguments& args) {
   }
   if (command == "requeue") {
     return report(ops.requeue(args.positional[1], args.positional[2], note), args.json);
+  }
+  if (command == "cancel") {
+    return report(ops.cancel(args.positional[1], args.positional[2], note), args.json);
   }
   if (command == "resolve") {
     return report(ops.resolve(args.positional[1], args.positional[2], resolved, note), args.json);

@@ -19,7 +19,7 @@ inline constexpr std::string_view record_columns_fast =
     "state, fingerprint, attempts, lease_owner, lease_expires_us, status, headers, body";
 /// The rest of the record, for take-overs (pre_state) and for inspection.
 inline constexpr std::string_view record_columns_rest =
-    "pre_state, recovery_point, last_error, created_us, updated_us, retry_until_us, expires_us, "
+    "pre_state, steps, last_error, created_us, updated_us, retry_until_us, expires_us, "
     "attempts_before_requeue, handler, handler_version, next_attempt_us, retention_us";
 
 /// Builds a record from a row of `fast, now[, rest]`; `full` says whether the

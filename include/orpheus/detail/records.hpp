@@ -27,6 +27,7 @@ struct record_sql {
   std::string lock;       ///< the whole record, locked
   std::string insert;
   std::string save_pre_state;
+  std::string save_progress;
   std::string take_lease;
   std::string finish;
   std::string release;
@@ -37,6 +38,7 @@ struct record_sql {
   std::string history;
   std::string requeue;
   std::string resolve;
+  std::string cancel;
   std::string list;
   std::string count_by_state;
   std::string claim_head;
@@ -74,7 +76,13 @@ class record_tx {
   /// Stores the Pre-RPC result; fenced by the owner token. May travel with
   /// the commit() that follows (see backend_tx::execute_fenced); a failed
   /// fence then makes commit() throw a non-retryable storage_error.
-  bool save_pre_state(const request_id& id, std::string_view owner, std::string_view json);
+  bool save_pre_state(const request_id& id, std::string_view owner, std::string_view json,
+                      std::string_view recovery_point = {});
+  /// A step of a multi-step request finished: stores the recovery point
+  /// (orpheus/steps.hpp) and renews the lease for the next step. Fenced like
+  /// finish(), and may travel with the commit() the same way.
+  bool save_progress(const request_id& id, std::string_view owner, std::string_view recovery_point,
+                     const lease_terms& terms);
   /// Under lock(): gives the lease to `new_owner` and sets the attempt count.
   /// The completer may try it again `next_attempt_in_us` from now (default:
   /// when the lease ends), if it has a handler.
@@ -89,18 +97,21 @@ class record_tx {
   /// Marks the record retryable and releases the lease, and adds a history
   /// row for the attempt (`retryable`). Fenced like finish().
   bool release(const request_id& id, std::string_view owner, std::string_view last_error,
-               std::int64_t retry_in_us = 0, std::string_view runner = "client");
+               std::int64_t retry_in_us = 0, std::string_view runner = "client",
+               std::string_view step = {});
   /// Under lock(): parks the record (no lease), with `why` as its last error
   /// and a history row `parked`.
-  void park(const request_id& id, std::string_view why, std::string_view runner = "client");
+  void park(const request_id& id, std::string_view why, std::string_view runner = "client",
+            std::string_view step = {});
   /// Adds a history row for the record's current attempt (orpheus_attempts),
   /// with its outcome and who wrote it (see history_entry, orpheus/admin.hpp).
   void add_history(const request_id& id, std::string_view outcome, std::string_view error,
-                   std::string_view runner = "client");
+                   std::string_view runner = "client", std::string_view step = {});
   /// add_history(), only while `owner` holds the lease of the record in
   /// progress; false when it does not (nothing written).
   bool add_history_fenced(const request_id& id, std::string_view owner, std::string_view outcome,
-                          std::string_view error, std::string_view runner);
+                          std::string_view error, std::string_view runner,
+                          std::string_view step = {});
   /// Under lock(), for a record in progress whose lease expired: a history
   /// row `abandoned` for its attempt, unless that attempt wrote one (held in
   /// doubt).
@@ -109,6 +120,12 @@ class record_tx {
   /// far stop counting against the cap, and the retry window starts again.
   /// Returns false, changing nothing, when the record is not parked.
   bool requeue(const request_id& id, std::string_view note, const lease_terms& terms);
+  /// A person cancels a multi-step request before its pivot: the record
+  /// becomes retryable with a fresh budget and `recovery_point`, which sends
+  /// its next attempt through the compensations. For a parked or retryable
+  /// record; returns false, changing nothing, otherwise.
+  bool cancel(const request_id& id, std::string_view recovery_point, std::string_view note,
+              const lease_terms& terms);
   /// Records an outcome decided by a person: `final_state` (succeeded or
   /// failed) with `r`, for a record that is parked or retryable. Returns
   /// false, changing nothing, otherwise.

@@ -1,0 +1,513 @@
+// Multi-step requests (orpheus/steps.hpp, issue 11 item 1), on a real SQLite
+// file and on the real MariaDB: each step recorded as it finishes, a retry
+// resuming at the first unfinished one, compensations last first before the
+// pivot, forward only after it, the completer and a client racing, cancel.
+// The "bank" is an in-process fake that applies each downstream key once and
+// logs every call.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "orpheus/admin.hpp"
+#include "orpheus/completer.hpp"
+#include "orpheus/manager.hpp"
+#include "orpheus/steps.hpp"
+#include "support/backends.hpp"
+
+namespace orpheus {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A downstream service: every call is logged as "op#attempt"; an operation
+// takes effect once per downstream key, and a repeated call answers as the
+// first (what a retry relies on). `fault` may fail a call before it acts.
+struct fake_bank {
+  std::mutex m;
+  std::vector<std::string> calls;
+  std::map<std::string, int> effects;  // op -> how many keys it acted on
+  std::set<std::string> done_keys;
+  std::atomic<int> in_flight{0};
+  std::atomic<int> max_in_flight{0};
+  std::function<std::optional<error_info>(const std::string& op, const attempt&)> fault =
+      [](const std::string&, const attempt&) { return std::nullopt; };
+
+  std::string call(const std::string& op, const attempt& a) {
+    const int now = ++in_flight;
+    for (int seen = max_in_flight; now > seen && !max_in_flight.compare_exchange_weak(seen, now);) {
+    }
+    std::this_thread::sleep_for(1ms);
+    std::optional<error_info> failure;
+    {
+      std::lock_guard lock(m);
+      calls.push_back(op + "#" + std::to_string(a.number()));
+      failure = fault(op, a);
+      if (!failure && done_keys.insert(a.downstream_key(op)).second) ++effects[op];
+    }
+    --in_flight;
+    if (failure) throw error(*failure);
+    return op + ":" + a.id().key;
+  }
+  std::vector<std::string> log() {
+    std::lock_guard lock(m);
+    return calls;
+  }
+};
+
+struct order {
+  std::string id;
+  std::int64_t amount = 0;
+};
+void to_json(nlohmann::json& j, const order& o) { j = {{"id", o.id}, {"amount", o.amount}}; }
+void from_json(const nlohmann::json& j, order& o) {
+  j.at("id").get_to(o.id);
+  j.at("amount").get_to(o.amount);
+}
+
+error_info declined() {
+  return error_info::of(error_class::rejected, "card_declined", "declined").with_http_status(402);
+}
+error_info unavailable_now() {
+  return error_info::of(error_class::unavailable, "bank_unavailable", "503 from the bank");
+}
+
+// Steps `names` against `bank`; those in `undoable` have a compensation
+// ("undo_" + name); `pivot` is an index. Each step's SQL marks the order's
+// row; the response lists every step's result.
+steps<order> flow_of(fake_bank& bank, const std::vector<std::string>& names, std::size_t pivot,
+                     const std::set<std::string>& undoable) {
+  steps<order> f;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string name = names[i];
+    auto s = f.step(name, [&bank, name](const attempt& a, const order&, const step_results& done) {
+      EXPECT_EQ(a.step(), name);
+      // Every earlier step's result is there, as recorded.
+      for (const auto& [earlier, result] : done.entries()) {
+        EXPECT_EQ(result.get<std::string>(), earlier + ":" + a.id().key);
+      }
+      return bank.call(name, a);
+    });
+    s.post([name](tx& t, const attempt&, const order& o, const std::string& result) {
+      t.execute("INSERT INTO step_rows (id, step, result) VALUES (?, ?, ?)", o.id, name, result);
+    });
+    if (undoable.count(name) != 0) {
+      s.compensate([&bank, name](const attempt& a, const order&, const std::string& result) {
+        EXPECT_EQ(result, name + ":" + a.id().key);
+        bank.call("undo_" + name, a);
+      });
+    }
+    if (i == pivot) s.pivot();
+  }
+  f.respond([](tx&, const attempt&, const order& o, const step_results& done) {
+    std::string body = o.id;
+    for (const auto& [name, result] : done.entries()) body += " " + result.get<std::string>();
+    return response{201, {}, body};
+  });
+  return f;
+}
+
+class Steps : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    store_ = test::make_store(GetParam());
+    ASSERT_TRUE(store_);
+    auto t = store_->begin_on_shard(0);
+    t->execute(
+        "CREATE TABLE IF NOT EXISTS step_rows (id VARCHAR(255) NOT NULL, step VARCHAR(64) NOT "
+        "NULL, result VARCHAR(255), PRIMARY KEY (id, step))");
+    t->commit();
+    scope_ = "steps-" + test::random_hex();
+  }
+
+  config quick() const {
+    config c;
+    c.lease = 600ms;
+    c.rpc_timeout = 400ms;
+    c.retry_backoff_base = 1ms;
+    c.retry_backoff_max = 2ms;
+    return c;
+  }
+
+  request_id id(const std::string& key) const { return {scope_, key, fingerprint_of("order")}; }
+
+  response run(manager& m, const request_id& rid, const steps<order>& f) {
+    return m.process(
+        rid,
+        [&](tx&) {
+          return order{rid.scope + "/" + rid.key, 1000};
+        },
+        f);
+  }
+
+  // The steps whose SQL committed for `key`, in step order.
+  std::vector<std::string> rows_of(const std::string& key) {
+    auto t = store_->begin_on_shard(0);
+    auto rows =
+        t->query("SELECT step FROM step_rows WHERE id = ? ORDER BY step", scope_ + "/" + key);
+    t->commit();
+    std::vector<std::string> out;
+    for (const auto& r : rows) out.push_back(r.get<std::string>(0));
+    return out;
+  }
+
+  std::unique_ptr<store> store_;
+  std::string scope_;
+};
+
+using strings = std::vector<std::string>;
+
+TEST_P(Steps, EveryStepRunsOnceAndTheLastOneRecordsTheResponse) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  const auto f = flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"});
+  const auto r = run(m, id("k1"), f);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.body, scope_ + "/k1 authorise:k1 capture:k1 notify:k1");
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "notify#1"}));
+  EXPECT_EQ(rows_of("k1"), (strings{"authorise", "capture", "notify"}));
+  const auto rec = store_->inspect(id("k1"));
+  EXPECT_EQ(rec->state, record_state::succeeded);
+  EXPECT_NE(rec->recovery_point.find("capture:k1"), std::string::npos) << rec->recovery_point;
+  const auto again = run(m, id("k1"), f);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.body, r.body);
+  EXPECT_EQ(bank.log().size(), 3U);
+}
+
+TEST_P(Steps, ARetryResumesAtTheFirstUnfinishedStepWithTheEarlierResults) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "capture" && a.number() == 1) return unavailable_now();
+    return std::nullopt;
+  };
+  const auto f = flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"});
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "capture failed: the first attempt must fail";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_EQ(e.code(), "bank_unavailable");
+  }
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
+  EXPECT_EQ(rows_of("k1"), (strings{"authorise"})) << "the finished step's SQL stays committed";
+  const auto r = run(m, id("k1"), f);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "capture#2", "notify#2"}))
+      << "authorise ran again";
+  EXPECT_EQ(rows_of("k1"), (strings{"authorise", "capture", "notify"}));
+  admin ops(*store_, quick());
+  const auto history = ops.show(scope_, "k1")->history;
+  ASSERT_EQ(history.size(), 1U);
+  EXPECT_EQ(history[0].outcome, "retryable");
+  EXPECT_EQ(history[0].step, "capture");
+  EXPECT_EQ(history[0].attempt, 1);
+}
+
+TEST_P(Steps, AFailureForGoodUpToThePivotUndoesTheFinishedStepsLastFirst) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt&) -> std::optional<error_info> {
+    if (op == "c") return declined();
+    return std::nullopt;
+  };
+  // a and b can be undone, c is the pivot, d comes after it.
+  const auto f = flow_of(bank, {"a", "b", "c", "d"}, 2, {"a", "b"});
+  const auto r = run(m, id("k1"), f);
+  EXPECT_EQ(r.status, 402);
+  EXPECT_NE(r.body.find("card_declined"), std::string::npos);
+  EXPECT_EQ(bank.log(), (strings{"a#1", "b#1", "c#1", "undo_b#1", "undo_a#1"}));
+  const auto rec = store_->inspect(id("k1"));
+  EXPECT_EQ(rec->state, record_state::failed);
+  EXPECT_EQ(rec->last_error, "card_declined: declined");
+  const auto replay = run(m, id("k1"), f);
+  EXPECT_TRUE(replay.replayed);
+  EXPECT_EQ(replay.status, 402);
+  EXPECT_EQ(bank.log().size(), 5U);
+
+  // A failure of the first step has nothing to undo: recorded at once.
+  const auto first = run(m, id("k2"), flow_of(bank, {"c", "d"}, 0, {}));
+  EXPECT_EQ(first.status, 402);
+  EXPECT_EQ(store_->inspect(id("k2"))->state, record_state::failed);
+}
+
+TEST_P(Steps, AfterThePivotTheRequestOnlyGoesForward) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "notify" && a.number() == 1) return declined();
+    return std::nullopt;
+  };
+  const auto f = flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"});
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "notify failed: the first attempt must fail";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::step_failed_after_pivot);
+    EXPECT_TRUE(e.retryable());
+  }
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
+  const auto r = run(m, id("k1"), f);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "notify#1", "notify#2"}))
+      << "nothing may be undone after the pivot";
+}
+
+TEST_P(Steps, ACompensationThatFailsSafelyIsResumedNotTheSteps) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "c") return declined();
+    if (op == "undo_b" && a.number() == 1) return unavailable_now();
+    return std::nullopt;
+  };
+  const auto f = flow_of(bank, {"a", "b", "c"}, 2, {"a", "b"});
+  EXPECT_THROW(run(m, id("k1"), f), error);
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
+  const auto r = run(m, id("k1"), f);
+  EXPECT_EQ(r.status, 402) << "the failure that started the compensations is recorded";
+  EXPECT_EQ(bank.log(), (strings{"a#1", "b#1", "c#1", "undo_b#1", "undo_b#2", "undo_a#2"}));
+  EXPECT_EQ(bank.effects["undo_b"], 1);
+  EXPECT_EQ(bank.effects["undo_a"], 1);
+}
+
+TEST_P(Steps, ACompensationThatFailsForGoodParksTheRequestAndAlertsOnce) {
+  config cfg = quick();
+  std::vector<parked_event> alerts;
+  cfg.on_parked = [&](const parked_event& e) { alerts.push_back(e); };
+  manager m(*store_, cfg);
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt&) -> std::optional<error_info> {
+    if (op == "c") return declined();
+    if (op == "undo_a") {
+      return error_info::of(error_class::rejected, "already_captured", "cannot void");
+    }
+    return std::nullopt;
+  };
+  const auto f = flow_of(bank, {"a", "b", "c"}, 2, {"a", "b"});
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "must be parked";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked);
+    EXPECT_TRUE(e.retryable());
+  }
+  ASSERT_EQ(alerts.size(), 1U);
+  EXPECT_EQ(alerts[0].reason, codes::compensation_failed);
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::parked);
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "a parked request runs nothing";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked);
+  }
+  EXPECT_EQ(bank.log(), (strings{"a#1", "b#1", "c#1", "undo_b#1", "undo_a#1"}));
+  EXPECT_EQ(alerts.size(), 1U);
+  admin ops(*store_, cfg);
+  const auto history = ops.show(scope_, "k1")->history;
+  ASSERT_FALSE(history.empty());
+  EXPECT_EQ(history.back().outcome, "parked");
+  EXPECT_EQ(history.back().step, "a");
+  // Cancel is refused: it is already going backwards.
+  EXPECT_FALSE(ops.cancel(scope_, "k1", "try").ok());
+}
+
+TEST_P(Steps, TheCompleterResumesAFlowAtItsStep) {
+  config cfg = quick();
+  cfg.retry_backoff_base = 20ms;
+  cfg.retry_backoff_max = 20ms;
+  manager m(*store_, cfg);
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "capture" && a.number() == 1) return unavailable_now();
+    return std::nullopt;
+  };
+  const std::string handler = "pay-" + scope_.substr(6);
+  m.register_handler(handler, 1,
+                     flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"}));
+  const auto rid = id("k1");
+  const std::string oid = scope_ + "/o1";
+  EXPECT_THROW(m.process(handler, rid, [&](tx&) { return order{oid, 5}; }), error);
+  std::this_thread::sleep_for(40ms);
+  completer c(m);
+  c.run_once();
+  const auto rec = store_->inspect(rid);
+  ASSERT_EQ(rec->state, record_state::succeeded);
+  EXPECT_EQ(rec->recorded.body, oid + " authorise:k1 capture:k1 notify:k1");
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "capture#2", "notify#2"}));
+}
+
+TEST_P(Steps, CompletersAndAClientRacingOnOneKeyRunEachStepOnce) {
+  config cfg = quick();
+  cfg.max_attempts = 1000;
+  manager m(*store_, cfg);
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if ((op == "capture" && a.number() < 6) || (op == "notify" && a.number() < 10)) {
+      return unavailable_now();
+    }
+    return std::nullopt;
+  };
+  const std::string handler = "race-" + scope_.substr(6);
+  m.register_handler(handler, 1,
+                     flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"}));
+  const auto rid = id("k1");
+  const std::string oid = scope_ + "/o1";
+  const auto pre = [&](tx&) { return order{oid, 5}; };
+  EXPECT_THROW(m.process(handler, rid, pre), error);
+  std::atomic<bool> done{false};
+  auto completer_thread = [&] {
+    completer c(m, {.batch = 4});
+    while (!done) {
+      c.run_once();
+      if (store_->read(rid)->state == record_state::succeeded) done = true;
+    }
+  };
+  std::thread a(completer_thread);
+  std::thread b(completer_thread);
+  std::thread client([&] {
+    while (!done) {
+      try {
+        if (m.process(handler, rid, pre).status == 201) done = true;
+      } catch (const error& e) {
+        EXPECT_TRUE(e.retryable()) << e.code();
+      }
+    }
+  });
+  a.join();
+  b.join();
+  client.join();
+  EXPECT_EQ(bank.max_in_flight, 1) << "two attempts of one key called the bank at once";
+  EXPECT_EQ(bank.effects["authorise"], 1);
+  EXPECT_EQ(bank.effects["capture"], 1);
+  EXPECT_EQ(bank.effects["notify"], 1);
+  const auto calls = bank.log();
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "authorise#1"), 1);
+  EXPECT_EQ(std::count_if(calls.begin(), calls.end(),
+                          [](const std::string& c) { return c.rfind("authorise", 0) == 0; }),
+            1)
+      << "a finished step ran again";
+  EXPECT_EQ(store_->inspect(rid)->recorded.body, oid + " authorise:k1 capture:k1 notify:k1");
+}
+
+TEST_P(Steps, CancelBeforeThePivotCompensatesAndAfterItIsRefused) {
+  config cfg = quick();
+  cfg.max_attempts = 2;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  fake_bank bank;
+  bool bank_down = true;
+  bank.fault = [&](const std::string& op, const attempt&) -> std::optional<error_info> {
+    if (bank_down && (op == "capture" || op == "notify")) return unavailable_now();
+    return std::nullopt;
+  };
+  const auto f = flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"});
+  // Parked at capture (the pivot has not happened): cancel voids the authorisation.
+  EXPECT_THROW(run(m, id("k1"), f), error);
+  EXPECT_THROW(run(m, id("k1"), f), error);
+  EXPECT_THROW(run(m, id("k1"), f), error);
+  ASSERT_EQ(store_->inspect(id("k1"))->state, record_state::parked);
+  ASSERT_TRUE(ops.cancel(scope_, "k1", "customer asked").ok());
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
+  EXPECT_FALSE(ops.cancel(scope_, "k1", "twice").ok()) << "already going backwards";
+  const auto r = run(m, id("k1"), f);
+  EXPECT_EQ(r.status, 409);
+  EXPECT_NE(r.body.find(codes::request_cancelled), std::string::npos);
+  EXPECT_EQ(bank.effects["undo_authorise"], 1);
+  EXPECT_EQ(bank.effects["capture"], 0);
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::failed);
+  const auto history = ops.show(scope_, "k1")->history;
+  EXPECT_TRUE(std::any_of(history.begin(), history.end(),
+                          [](const auto& h) { return h.outcome == "cancelled"; }));
+
+  // Past the pivot (captured, notify failing): refused.
+  bank.fault = [](const std::string& op, const attempt&) -> std::optional<error_info> {
+    if (op == "notify") return unavailable_now();
+    return std::nullopt;
+  };
+  EXPECT_THROW(run(m, id("k2"), f), error);
+  EXPECT_THROW(run(m, id("k2"), f), error);
+  EXPECT_THROW(run(m, id("k2"), f), error);
+  ASSERT_EQ(store_->inspect(id("k2"))->state, record_state::parked);
+  const auto refused = ops.cancel(scope_, "k2", "too late");
+  EXPECT_EQ(refused.result, admin_result::status::refused);
+  EXPECT_NE(refused.why.find("pivot"), std::string::npos) << refused.why;
+  EXPECT_EQ(store_->inspect(id("k2"))->state, record_state::parked);
+
+  // A request of a single RPC has nothing to compensate: refused.
+  EXPECT_THROW(m.process(
+                   id("single"), [](tx&) { return 1; },
+                   [](const attempt&, int) -> std::string { throw retryable_error("x", "y"); },
+                   [](tx&, const attempt&, const std::string& v) {
+                     return response{201, {}, v};
+                   }),
+               error);
+  EXPECT_FALSE(ops.cancel(scope_, "single", "no").ok());
+}
+
+TEST_P(Steps, AKeyIsResumedOnlyWithTheStepsItWasRecordedWith) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "capture" && a.number() == 1) return unavailable_now();
+    return std::nullopt;
+  };
+  EXPECT_THROW(run(m, id("k1"), flow_of(bank, {"authorise", "capture"}, 1, {})), error);
+  // Another deploy's steps: never resumed at a guessed step.
+  try {
+    run(m, id("k1"), flow_of(bank, {"authorise", "settle", "capture"}, 2, {}));
+    ADD_FAILURE() << "other steps must not resume this record";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::pre_state_unreadable);
+    EXPECT_TRUE(e.retryable());
+  }
+  // A single RPC on a multi-step record, and the other way round: 422.
+  int rpcs = 0;
+  const auto single = [&](const request_id& rid) {
+    return m.process(
+        rid,
+        [&](tx&) {
+          return order{scope_ + "/o", 1};
+        },
+        [&](const attempt&, const order&) { return std::to_string(++rpcs); },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  };
+  try {
+    single(id("k1"));
+    ADD_FAILURE() << "a single RPC must not run on a multi-step record";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
+  }
+  EXPECT_EQ(rpcs, 0);
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1"}));
+  // The right steps still finish it.
+  EXPECT_EQ(run(m, id("k1"), flow_of(bank, {"authorise", "capture"}, 1, {})).status, 201);
+}
+
+TEST_P(Steps, AFlowThatCannotRunIsRefusedBeforeAnyDatabaseWork) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  steps<order> empty;
+  EXPECT_THROW(run(m, id("k1"), empty), config_error);
+  steps<order> missing;
+  missing.step("a", [](const attempt&, const order&, const step_results&) { return 1; });
+  EXPECT_THROW(run(m, id("k1"), missing), config_error);
+  EXPECT_THROW(run(m, id("k1"), flow_of(bank, {"a", "a"}, 1, {})), config_error);
+  EXPECT_THROW(run(m, id("k1"), flow_of(bank, {"a b"}, 0, {})), config_error);
+  EXPECT_FALSE(store_->inspect(id("k1")));
+  EXPECT_THROW(m.register_handler("h", 1, steps<order>{}), config_error);
+  EXPECT_TRUE(bank.log().empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Steps, testing::Values("sqlite", "mysql"), test::backend_name);
+
+}  // namespace
+}  // namespace orpheus
