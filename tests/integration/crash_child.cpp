@@ -89,71 +89,53 @@ int main(int argc, char** argv) {
   orpheus::manager m(*store, cfg);
   const std::string pid = id.scope + "/" + id.key;
   bool was_retry = false;
-  if (with_steps) {
-    // Each step asks the ledger before acting (a bank that deduplicates by
-    // key), and its SQL marks the payment's row.
-    orpheus::steps<std::string> flow;
-    for (const std::string op : {"authorise", "capture", "notify"}) {
-      auto s = flow.step(
-          op, [&, op](const orpheus::attempt& a, const std::string&, const orpheus::step_results&) {
-            was_retry = a.is_retry();
-            ledger_charge(ledger + ".calls", op + " " + std::to_string(a.number()));
-            reach("before_" + op, crash_at);
-            const std::string line = op + " " + a.downstream_key(op);
-            if (!ledger_has(ledger, line)) ledger_charge(ledger, line);
-            reach("after_" + op, crash_at);
-            return line;
-          });
-      s.post(
-          [&, op](orpheus::tx& t, const orpheus::attempt&, const std::string&, const std::string&) {
-            t.execute("UPDATE crash_payments SET result = ? WHERE id = ?", op, pid);
-          });
-      if (op == "capture") s.pivot();
-    }
-    flow.respond([](orpheus::tx&, const orpheus::attempt&, const std::string&,
-                    const orpheus::step_results& done) {
-      return orpheus::response{201, {}, done.get<std::string>("notify")};
-    });
-    try {
-      const auto r = m.process(
-          id,
-          [&](orpheus::tx& t) {
-            t.execute("INSERT INTO crash_payments (id) VALUES (?)", pid);
-            return pid;
-          },
-          flow);
-      reach("after_commit", crash_at);
-      std::cout << "STATUS " << r.status << " REPLAYED " << r.replayed << " RETRY " << was_retry
-                << std::endl;
-      return 0;
-    } catch (const orpheus::error& e) {
-      std::cout << "ERROR " << e.code() << " RETRYABLE " << e.retryable() << " AFTER_MS "
-                << e.retry_after().value_or(std::chrono::milliseconds(0)).count() << std::endl;
-      return 3;
-    }
-  }
-  try {
-    const auto r = m.process(
-        id,
-        [&](orpheus::tx& t) {
-          t.execute("INSERT INTO crash_payments (id) VALUES (?)", pid);
-          return pid;
-        },
-        [&](const orpheus::attempt& a, const std::string&) {
+  // With `steps`: each step asks the ledger before acting (a bank that deduplicates by
+  // key), and its SQL marks the payment's row.
+  orpheus::steps<std::string> flow;
+  for (const std::string op : {"authorise", "capture", "notify"}) {
+    auto s = flow.step(
+        op, [&, op](const orpheus::attempt& a, const std::string&, const orpheus::step_results&) {
           was_retry = a.is_retry();
-          const auto key = a.downstream_key("charge");
-          reach("before_charge", crash_at);
-          // On a retry, ask the bank first what became of the earlier attempt.
-          if (!(a.is_retry() && ledger_has(ledger, key))) ledger_charge(ledger, key);
-          reach("after_charge", crash_at);
-          return key;
-        },
-        [&](orpheus::tx& t, const orpheus::attempt&, const orpheus::outcome<std::string>& o) {
-          t.execute("UPDATE crash_payments SET result = ? WHERE id = ?",
-                    o.ok() ? "charged" : "failed", pid);
-          reach("in_post", crash_at);
-          return orpheus::response{201, {}, o.ok() ? o.value() : o.error().code};
+          ledger_charge(ledger + ".calls", op + " " + std::to_string(a.number()));
+          reach("before_" + op, crash_at);
+          const std::string line = op + " " + a.downstream_key(op);
+          if (!ledger_has(ledger, line)) ledger_charge(ledger, line);
+          reach("after_" + op, crash_at);
+          return line;
         });
+    s.post(
+        [&, op](orpheus::tx& t, const orpheus::attempt&, const std::string&, const std::string&) {
+          t.execute("UPDATE crash_payments SET result = ? WHERE id = ?", op, pid);
+        });
+    if (op == "capture") s.pivot();
+  }
+  flow.respond([](orpheus::tx&, const orpheus::attempt&, const std::string&,
+                  const orpheus::step_results& done) {
+    return orpheus::response{201, {}, done.get<std::string>("notify")};
+  });
+  const auto pre = [&](orpheus::tx& t) {
+    t.execute("INSERT INTO crash_payments (id) VALUES (?)", pid);
+    return pid;
+  };
+  // Without `steps`: one charge.
+  const auto charge = [&](const orpheus::attempt& a, const std::string&) {
+    was_retry = a.is_retry();
+    const auto key = a.downstream_key("charge");
+    reach("before_charge", crash_at);
+    // On a retry, ask the bank first what became of the earlier attempt.
+    if (!(a.is_retry() && ledger_has(ledger, key))) ledger_charge(ledger, key);
+    reach("after_charge", crash_at);
+    return key;
+  };
+  const auto record = [&](orpheus::tx& t, const orpheus::attempt&,
+                          const orpheus::outcome<std::string>& o) {
+    t.execute("UPDATE crash_payments SET result = ? WHERE id = ?", o.ok() ? "charged" : "failed",
+              pid);
+    reach("in_post", crash_at);
+    return orpheus::response{201, {}, o.ok() ? o.value() : o.error().code};
+  };
+  try {
+    const auto r = with_steps ? m.process(id, pre, flow) : m.process(id, pre, charge, record);
     reach("after_commit", crash_at);
     std::cout << "STATUS " << r.status << " REPLAYED " << r.replayed << " RETRY " << was_retry
               << std::endl;
