@@ -174,9 +174,10 @@ admin_result admin::cancel(std::string_view scope, std::string_view key, std::st
   if (!p) return refuse("its recovery point does not read in this version");
   if (p->compensating)
     return refuse("it is already going backwards (" + p->compensating->code + ")");
-  if (p->past_pivot()) {
-    return refuse("it is past its pivot (step " + p->names[p->pivot] +
-                  "): it only goes forward; requeue it, or resolve it by hand");
+  if (p->pivot_may_have_run()) {
+    return refuse("its pivot (step " + p->names[p->pivot] +
+                  ") has run or may have run: it only goes forward; requeue it, or check "
+                  "downstream and resolve it");
   }
   p->compensating =
       error_info::of(error_class::rejected, codes::request_cancelled, "the request was cancelled");

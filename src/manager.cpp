@@ -557,8 +557,13 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
             throw error(why);
           }
           if (p.flow) progress = detail::progress{step_names(*p.flow), p.flow->pivot, {}, {}};
-          if (!t->save_pre_state(id, owner, stored,
-                                 progress ? detail::encode_progress(*progress) : "")) {
+          // A multi-step request's Pre-RPC result is stored with a prefix
+          // that no single-RPC reader (of this or an older version) can
+          // read: such a reader never resumes it as one RPC.
+          if (!t->save_pre_state(
+                  id, owner,
+                  progress ? std::string(detail::steps_pre_state_prefix) + stored : stored,
+                  progress ? detail::encode_progress(*progress) : "")) {
             throw storage_error::permanent("lease row vanished inside its own transaction");
           }
           attempt_number = 1;
@@ -587,12 +592,6 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
         // that handler's phases: another RPC on its stored Pre-RPC result
         // would be another operation under the same key (found in review).
         if (!locked->handler.empty() && locked->handler != ctx.handler) {
-          t->commit();
-          throw_mismatch();
-        }
-        // Likewise a multi-step request is resumed only as one, and a
-        // single-RPC request never as a flow.
-        if ((p.flow != nullptr) == locked->recovery_point.empty()) {
           t->commit();
           throw_mismatch();
         }
@@ -626,8 +625,18 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
         // (a rolling deploy may have changed it). If it does not, nothing is
         // asked downstream and nothing is final: the key stays retryable, the
         // reason is recorded, and a server that can read it will finish it.
+        // So must its kind: a multi-step request is resumed only as one, a
+        // single-RPC request never as steps (a deploy may have changed which
+        // one a handler is).
         try {
-          const auto stored = detail::decode_pre_state(locked->pre_state);
+          std::string_view text = locked->pre_state;
+          const bool as_steps = text.starts_with(detail::steps_pre_state_prefix);
+          if (as_steps != (p.flow != nullptr)) {
+            throw std::runtime_error(as_steps ? "the request was recorded as steps"
+                                              : "the request was recorded as a single RPC");
+          }
+          if (as_steps) text.remove_prefix(detail::steps_pre_state_prefix.size());
+          const auto stored = detail::decode_pre_state(text);
           if (!stored) throw std::runtime_error("not JSON, not the binary form");
           p.load(*stored);
           if (p.flow) {
@@ -750,7 +759,11 @@ response manager::run_flow(flow_run& f) {
       // response.
       const bool last = i + 1 == steps.size();
       f.started = clock::now();
-      f.progress.done.emplace_back(std::string(s.name), std::move(result));
+      // Later steps and the step's SQL get what a retry would get: the
+      // stored form read back (a NaN reads back as null on both).
+      f.progress.done.emplace_back(
+          std::string(s.name),
+          detail::decode_pre_state(detail::encode_pre_state(result)).value_or(nullptr));
       response r;
       record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
                        [&](detail::record_tx& t, tx& handler_tx) {
@@ -858,18 +871,29 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
     // the library cannot undo the step; a person decides.
     const std::string parked_why = std::string(codes::compensation_failed) + " at attempt " +
                                    std::to_string(f.number) + ": " + why;
-    record_after_rpc(
-        {store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
-        [&](detail::record_tx& t, tx&) {
-          if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
-            return false;
-          }
-          t.park(f.id, parked_why, f.ctx.runner, s.name);
-          return true;
-        });
+    parked_event event{f.id.scope, f.id.key, f.number, std::string(codes::compensation_failed),
+                       why,        false};
+    try {
+      record_after_rpc(
+          {store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
+          [&](detail::record_tx& t, tx&) {
+            if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
+              return false;
+            }
+            t.park(f.id, parked_why, f.ctx.runner, s.name);
+            return true;
+          });
+    } catch (const storage_error& e) {
+      // The parking may have landed: say so (an attempt that finds the
+      // request still going backwards parks it again and alerts again).
+      if (e.in_doubt()) {
+        event.in_doubt = true;
+        alert_parked(config_, event);
+      }
+      throw;
+    }
     log(log_level::warning, "scope " + f.id.scope + " key " + f.id.key + ": parked, " + parked_why);
-    alert_parked(config_, parked_event{f.id.scope, f.id.key, f.number,
-                                       std::string(codes::compensation_failed), why, false});
+    alert_parked(config_, event);
     throw_parked(config_.parked_retry_after);
   }
   // Everything undone: the failure is the request's answer from now on.

@@ -16,6 +16,13 @@
 
 namespace orpheus::detail {
 
+/// Put before a multi-step request's stored Pre-RPC result. JSON text
+/// cannot start with 's' and the binary form starts with "cbor:", so no
+/// single-RPC reader, of this version or an older one, reads it: an older
+/// server answers pre_state_unreadable (its completer parks the request)
+/// instead of resuming it as one RPC during a rolling deploy.
+inline constexpr std::string_view steps_pre_state_prefix = "steps:";
+
 struct progress {
   std::vector<std::string> names;
   std::size_t pivot = 0;
@@ -25,8 +32,10 @@ struct progress {
   /// Set once the request goes backwards: the failure it will record.
   std::optional<error_info> compensating;
 
-  /// Past the pivot: the request only goes forward.
-  [[nodiscard]] bool past_pivot() const { return done.size() > pivot && !compensating; }
+  /// The pivot is the next step to run or behind: it may have run (an
+  /// attempt that died in it, or whose record failed after it), so the
+  /// request may only go forward, unless the pivot itself fails for good.
+  [[nodiscard]] bool pivot_may_have_run() const { return done.size() >= pivot; }
 };
 
 /// The stored text (the Pre-RPC result's encoding: JSON, or CBOR when a

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <set>
+#include <utility>
 
 #include "pre_state.hpp"
 #include "progress.hpp"
@@ -22,6 +23,19 @@ void detail::validate_steps(const std::vector<std::string>& names, bool has_resp
     if (!seen.insert(n).second) throw config_error("step '" + n + "' is declared twice");
   }
   if (!has_respond) throw config_error("a multi-step request needs respond()");
+}
+
+error_info detail::classify_step(std::exception_ptr e, unclassified_policy policy) {
+  try {
+    std::rethrow_exception(std::move(e));
+  } catch (const nlohmann::json::exception& j) {
+    return error_info::of(error_class::unavailable, codes::pre_state_unreadable,
+                          "the stored request state cannot be read by this server version; "
+                          "retry later")
+        .with_internal(std::string("a step's stored result does not read: ") + j.what());
+  } catch (...) {
+    return classify(std::current_exception(), policy);
+  }
 }
 
 namespace detail {
@@ -46,7 +60,10 @@ std::string encode_progress(const progress& p) {
       {"v", format_version}, {"steps", p.names}, {"pivot", p.pivot}, {"done", std::move(done)}};
   if (p.compensating) {
     const error_info& e = *p.compensating;
-    j["failure"] = {{"class", to_string(e.kind)}, {"code", e.code}, {"message", e.message}};
+    j["failure"] = {{"class", to_string(e.kind)},
+                    {"code", e.code},
+                    {"message", e.message},
+                    {"internal", e.internal}};
     if (e.http_status) j["failure"]["status"] = *e.http_status;
   }
   return encode_pre_state(j);
@@ -76,6 +93,7 @@ std::optional<progress> decode_progress(std::string_view stored) {
                                     f.at("message").get<std::string>());
       e.retry_after.reset();
       if (f.contains("status")) e.http_status = f.at("status").get<int>();
+      e.internal = f.value("internal", std::string());
       p.compensating = std::move(e);
     }
     return p;

@@ -518,14 +518,15 @@ response manager::process_flow(const detail::run_context& ctx, const request_id&
                                const pre_function& pre, const steps<PreState>& flow,
                                const process_options& options) {
   flow.validate();
+  const unclassified_policy policy = flow.unclassified_policy_set().value_or(config_.unclassified);
   std::optional<PreState> state;
   detail::flow_phases f;
   f.pivot = flow.pivot_index();
   for (const auto& d : flow.defs()) {
     detail::step_phase s;
     s.name = d.name;
-    s.rpc = [&state, &d](const attempt& a, const step_results& done, nlohmann::json& out) {
-      return d.rpc(a, *state, done, out);
+    s.rpc = [&state, &d, policy](const attempt& a, const step_results& done, nlohmann::json& out) {
+      return d.rpc(a, *state, done, out, policy);
     };
     if (d.post) {
       s.post = [&state, &d](tx& t, const attempt& a, const nlohmann::json& r) {
@@ -533,8 +534,8 @@ response manager::process_flow(const detail::run_context& ctx, const request_id&
       };
     }
     if (d.compensate) {
-      s.compensate = [&state, &d](const attempt& a, const nlohmann::json& r) {
-        return d.compensate(a, *state, r);
+      s.compensate = [&state, &d, policy](const attempt& a, const nlohmann::json& r) {
+        return d.compensate(a, *state, r, policy);
       };
     }
     f.steps.push_back(std::move(s));

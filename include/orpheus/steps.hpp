@@ -19,6 +19,9 @@
 // parks the request (codes::compensation_failed). A compensation must be
 // idempotent: pass attempt::downstream_key() downstream.
 //
+// A step_ref (what step() returns) names its own step, also when kept and
+// used after later steps were added.
+//
 //   orpheus::steps<payment> pay;
 //   pay.step("authorise", [&](const orpheus::attempt& a, const payment& p,
 //                             const orpheus::step_results&) { return bank.authorise(a, p); })
@@ -118,16 +121,22 @@ struct step_def {
   /// Runs the RPC; on success writes the result as JSON to `out` and returns
   /// nullopt, else returns the classified error.
   std::function<std::optional<error_info>(const attempt&, const PreState&, const step_results&,
-                                          nlohmann::json& out)>
+                                          nlohmann::json& out, unclassified_policy)>
       rpc;
   std::function<void(tx&, const attempt&, const PreState&, const nlohmann::json&)> post{};
-  std::function<std::optional<error_info>(const attempt&, const PreState&, const nlohmann::json&)>
+  std::function<std::optional<error_info>(const attempt&, const PreState&, const nlohmann::json&,
+                                          unclassified_policy)>
       compensate{};
 };
 /// Throws config_error when a flow cannot run: no step, no respond(), or a
 /// step name that is not 1 to 64 characters of A-Z a-z 0-9 _ - . or is used
 /// twice.
 void validate_steps(const std::vector<std::string>& names, bool has_respond);
+/// What a step's RPC or compensation threw, classified: a stored result
+/// that no longer reads as its type (nlohmann::json's exceptions) is
+/// pre_state_unreadable, retryable (never a failure for good, which would
+/// send the request backwards); anything else as error.hpp's classify().
+error_info classify_step(std::exception_ptr e, unclassified_policy policy);
 }  // namespace detail
 
 /// Step RPC: `rpc(const attempt&, const PreState&, const step_results&) -> T or outcome<T>`.
@@ -144,7 +153,7 @@ class steps;
 template <class PreState, class T>
 class step_ref {
  public:
-  explicit step_ref(steps<PreState>& s) : steps_(&s) {}
+  step_ref(steps<PreState>& s, std::size_t index) : steps_(&s), index_(index) {}
 
   /// The step's own SQL, on its success, in the transaction that records it:
   /// post(tx&, const attempt&, const PreState&, const T&).
@@ -163,14 +172,14 @@ class step_ref {
   template <class Compensate>
   requires std::invocable<Compensate&, const attempt&, const PreState&, const T&> step_ref&
   compensate(Compensate c) {
-    def().compensate = [c = std::move(c), policy = steps_->policy_](
-                           const attempt& a, const PreState& s,
-                           const nlohmann::json& r) mutable -> std::optional<error_info> {
+    def().compensate = [c = std::move(c)](
+                           const attempt& a, const PreState& s, const nlohmann::json& r,
+                           unclassified_policy policy) mutable -> std::optional<error_info> {
       try {
         std::invoke(c, a, s, r.get<T>());
         return std::nullopt;
       } catch (...) {
-        return classify(std::current_exception(), policy);
+        return detail::classify_step(std::current_exception(), policy);
       }
     };
     return *this;
@@ -178,7 +187,7 @@ class step_ref {
 
   /// Makes this step the pivot (default: the last step).
   step_ref& pivot() {
-    steps_->pivot_ = steps_->steps_.size() - 1;
+    steps_->pivot_ = index_;
     return *this;
   }
 
@@ -197,8 +206,9 @@ class step_ref {
   }
 
  private:
-  detail::step_def<PreState>& def() { return steps_->steps_.back(); }
+  detail::step_def<PreState>& def() { return steps_->steps_.at(index_); }
   steps<PreState>* steps_;
+  std::size_t index_;
 };
 
 template <class PreState>
@@ -213,9 +223,9 @@ class steps {
     using value = typename detail::step_value<returned>::type;
     detail::step_def<PreState> d;
     d.name = std::string(name);
-    d.rpc = [rpc = std::move(rpc), policy = policy_](
-                const attempt& a, const PreState& p, const step_results& done,
-                nlohmann::json& out) mutable -> std::optional<error_info> {
+    d.rpc = [rpc = std::move(rpc)](
+                const attempt& a, const PreState& p, const step_results& done, nlohmann::json& out,
+                unclassified_policy policy) mutable -> std::optional<error_info> {
       try {
         returned r = std::invoke(rpc, a, p, done);
         if constexpr (std::is_same_v<returned, value>) {
@@ -226,11 +236,11 @@ class steps {
         }
         return std::nullopt;
       } catch (...) {
-        return classify(std::current_exception(), policy);
+        return detail::classify_step(std::current_exception(), policy);
       }
     };
     steps_.push_back(std::move(d));
-    return step_ref<PreState, value>(*this);
+    return step_ref<PreState, value>(*this, steps_.size() - 1);
   }
 
   /// The response, from the finished steps' results, in the last step's
@@ -253,11 +263,15 @@ class steps {
     return *this;
   }
 
-  /// How exceptions that are not orpheus::error are classified, in the
-  /// steps added after this call (default: non-retryable, as config's).
+  /// How exceptions that are not orpheus::error are classified in this
+  /// flow's steps and compensations (default: the manager's
+  /// config::unclassified).
   steps& unclassified(unclassified_policy p) {
     policy_ = p;
     return *this;
+  }
+  [[nodiscard]] const std::optional<unclassified_policy>& unclassified_policy_set() const {
+    return policy_;
   }
 
   /// Throws config_error when this flow cannot run (see detail::validate_steps).
@@ -292,7 +306,7 @@ class steps {
   std::optional<std::size_t> pivot_;
   std::function<response(tx&, const attempt&, const PreState&, const step_results&)> respond_{};
   std::function<response(tx&, const attempt&, const PreState&, const error_info&)> on_failure_{};
-  unclassified_policy policy_ = unclassified_policy::non_retryable;
+  std::optional<unclassified_policy> policy_;
 };
 
 }  // namespace orpheus

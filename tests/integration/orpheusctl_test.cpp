@@ -202,11 +202,16 @@ TEST_P(Orpheusctl, CancelsAMultiStepRequestBeforeItsPivotOnly) {
       .compensate([&](const attempt& a, const std::string&, const std::string&) {
         calls.push_back("void#" + std::to_string(a.number()));
       })
-      .step("capture",
+      .step("reserve",
             [&](const attempt& a, const std::string&, const step_results&) -> std::string {
-              calls.push_back("capture#" + std::to_string(a.number()));
+              calls.push_back("reserve#" + std::to_string(a.number()));
               if (capture_down) throw retryable_error("bank_unavailable", "503");
-              return "cap";
+              return "res";
+            })
+      .step("capture",
+            [&](const attempt& a, const std::string&, const step_results&) {
+              calls.push_back("capture#" + std::to_string(a.number()));
+              return std::string("cap");
             })
       .respond([](tx&, const attempt&, const std::string&, const step_results&) {
         return response{201, {}, "paid"};
@@ -222,7 +227,7 @@ TEST_P(Orpheusctl, CancelsAMultiStepRequestBeforeItsPivotOnly) {
   auto r = ctl({"--json", "show", scope_, "order"});
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.parsed()["recovery_point"].get<std::string>().find("authorise"), std::string::npos);
-  EXPECT_EQ(r.parsed()["history"][0]["step"], "capture");
+  EXPECT_EQ(r.parsed()["history"][0]["step"], "reserve");
   EXPECT_EQ(ctl({"cancel", scope_, "order"}).code, 2) << "--note is required";
   EXPECT_EQ(ctl({"cancel", scope_, "nobody", "--note", "x"}).code, 1);
   r = ctl({"--json", "cancel", scope_, "order", "--note", "customer asked"});
@@ -231,7 +236,7 @@ TEST_P(Orpheusctl, CancelsAMultiStepRequestBeforeItsPivotOnly) {
   EXPECT_EQ(ctl({"cancel", scope_, "order", "--note", "again"}).code, 3) << "going backwards";
   const auto cancelled = run("order");
   EXPECT_EQ(cancelled.status, 409);
-  EXPECT_EQ(calls, (std::vector<std::string>{"authorise#1", "capture#1", "void#2"}));
+  EXPECT_EQ(calls, (std::vector<std::string>{"authorise#1", "reserve#1", "void#2"}));
   EXPECT_EQ(ctl({"cancel", scope_, "order", "--note", "x"}).code, 3) << "finished";
 
   // Past the pivot (the last step here): nothing to cancel.
