@@ -556,7 +556,7 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
             log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(why));
             throw error(why);
           }
-          if (p.flow) progress = detail::progress{step_names(*p.flow), p.flow->pivot, {}, {}};
+          if (p.flow) progress = detail::progress{step_names(*p.flow), p.flow->pivot, {}, {}, {}};
           // A multi-step request's Pre-RPC result is stored with a prefix
           // that no single-RPC reader (of this or an older version) can
           // read: such a reader never resumes it as one RPC.
@@ -782,6 +782,7 @@ response manager::run_flow(flow_run& f) {
       // Up to the pivot a failure for good goes backwards: the finished
       // steps are compensated, then the failure is recorded.
       f.progress.compensating = *failure;
+      f.progress.failed_step = s.name;
       return compensate_and_fail(f, &a, failure);
     }
     // Safe to retry; or past the pivot, where the request only goes forward:
@@ -831,7 +832,13 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
     record_after_rpc(
         {store_, config_, f.id, f.owner, f.ctx, *failed_step, step_failure, backoff_us(f.number)},
         [&](detail::record_tx& t, tx&) {
-          return t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms);
+          if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
+            return false;
+          }
+          // The history says why the request turned back, and at which step.
+          t.add_history(f.id, "compensating", reason_of(failure), f.ctx.runner,
+                        failed_step->step());
+          return true;
         });
   }
   while (!f.progress.done.empty()) {
@@ -897,8 +904,9 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
     throw_parked(config_.parked_retry_after);
   }
   // Everything undone: the failure is the request's answer from now on.
-  const attempt a(f.id, f.number, f.started + config_.rpc_timeout,
-                  failed_step != nullptr ? failed_step->step() : std::string_view{});
+  const attempt a(
+      f.id, f.number, f.started + config_.rpc_timeout,
+      failed_step != nullptr ? failed_step->step() : std::string_view(f.progress.failed_step));
   response r;
   record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff_us(f.number)},
                    [&](detail::record_tx& t, tx& handler_tx) {

@@ -31,6 +31,8 @@ struct progress {
   std::vector<std::pair<std::string, nlohmann::json>> done;
   /// Set once the request goes backwards: the failure it will record.
   std::optional<error_info> compensating;
+  /// The step that failed for good ("" for a cancel).
+  std::string failed_step;
 
   /// The pivot is the next step to run or behind: it may have run (an
   /// attempt that died in it, or whose record failed after it), so the

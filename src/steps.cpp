@@ -63,7 +63,8 @@ std::string encode_progress(const progress& p) {
     j["failure"] = {{"class", to_string(e.kind)},
                     {"code", e.code},
                     {"message", e.message},
-                    {"internal", e.internal}};
+                    {"internal", e.internal},
+                    {"step", p.failed_step}};
     if (e.http_status) j["failure"]["status"] = *e.http_status;
   }
   return encode_pre_state(j);
@@ -94,6 +95,7 @@ std::optional<progress> decode_progress(std::string_view stored) {
       e.retry_after.reset();
       if (f.contains("status")) e.http_status = f.at("status").get<int>();
       e.internal = f.value("internal", std::string());
+      p.failed_step = f.value("step", std::string());
       p.compensating = std::move(e);
     }
     return p;

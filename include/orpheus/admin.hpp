@@ -38,10 +38,11 @@ struct history_entry {
   /// retryable: the attempt failed safely and released the key;
   /// in_doubt: its outcome downstream was unknown (the key was held to its
   ///   deadline); abandoned: its lease expired before it finished (found
-  ///   by the next attempt); parked; requeued; resolved.
+  ///   by the next attempt); parked; compensating: a multi-step request
+  ///   turned back (orpheus/steps.hpp); requeued; cancelled; resolved.
   std::string outcome;
-  std::string runner;  ///< "client" (a request) or "operator" (this class)
-  std::string step;    ///< empty: the request's single RPC
+  std::string runner;  ///< "client" or "completer" (a request), or "operator" (this class)
+  std::string step;    ///< the step of a multi-step request; empty: a single RPC
   std::string error;   ///< the error, or the operator's note
 };
 

@@ -226,6 +226,12 @@ TEST_P(Steps, AFailureForGoodUpToThePivotUndoesTheFinishedStepsLastFirst) {
   const auto rec = store_->inspect(id("k1"));
   EXPECT_EQ(rec->state, record_state::failed);
   EXPECT_EQ(rec->last_error, "card_declined: declined");
+  admin ops(*store_, quick());
+  const auto history = ops.show(scope_, "k1")->history;
+  ASSERT_EQ(history.size(), 1U);
+  EXPECT_EQ(history[0].outcome, "compensating");
+  EXPECT_EQ(history[0].step, "c");
+  EXPECT_EQ(history[0].error, "card_declined: declined");
   const auto replay = run(m, id("k1"), f);
   EXPECT_TRUE(replay.replayed);
   EXPECT_EQ(replay.status, 402);
