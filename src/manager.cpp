@@ -686,7 +686,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
 
     // 3. RPC, outside any transaction, with a deadline before the lease ends
     // (the lease started after `started`, on the database clock).
-    const attempt a(id, attempt_number, started + config_.rpc_timeout);
+    const attempt a(id, attempt_number, started + config_.rpc_timeout, {},
+                    ctx.runner == runner_completer);
     if (clock::now() >= a.deadline()) {
       // Transaction 1 took the whole RPC budget (a stalled database): an RPC
       // started now could outlive the lease and overlap a take-over.
@@ -748,7 +749,8 @@ response manager::run_flow(flow_run& f) {
   const after_rpc::failure_type no_failure;
   for (std::size_t i = f.progress.done.size(); i < steps.size(); ++i) {
     const detail::step_phase& s = steps[i];
-    const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name);
+    const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name,
+                    f.ctx.runner == runner_completer);
     const std::int64_t backoff = backoff_us(f.number);
     ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
     nlohmann::json result;
@@ -847,7 +849,8 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
       f.progress.done.pop_back();
       continue;
     }
-    const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name);
+    const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name,
+                    f.ctx.runner == runner_completer);
     const std::int64_t backoff = backoff_us(f.number);
     ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
     const std::optional<error_info> err = s.compensate(a, f.progress.done.back().second);
@@ -906,7 +909,8 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
   // Everything undone: the failure is the request's answer from now on.
   const attempt a(
       f.id, f.number, f.started + config_.rpc_timeout,
-      failed_step != nullptr ? failed_step->step() : std::string_view(f.progress.failed_step));
+      failed_step != nullptr ? failed_step->step() : std::string_view(f.progress.failed_step),
+      f.ctx.runner == runner_completer);
   response r;
   record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff_us(f.number)},
                    [&](detail::record_tx& t, tx& handler_tx) {

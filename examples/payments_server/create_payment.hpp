@@ -17,6 +17,11 @@ namespace examples::payments_server {
 /// before serving.
 void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank, metrics& stats);
 
+/// The same payment in three recorded steps against the bank simulator's
+/// two-step API: authorise (compensated by a void), capture (the pivot),
+/// notify the bank's ledger. Registered as version 2 of the same handler.
+void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, metrics& stats);
+
 /// Records the payment, charges it at the bank once, records the charge and
 /// answers 201 (or the classified error), through the middleware: a retry
 /// with the same Idempotency-Key is answered the same, and charged once.

@@ -75,6 +75,75 @@ gateway_answer bank_gateway::call(http_request req, std::chrono::milliseconds ti
   return {mapped == gateway_status::charged ? gateway_status::server_error : mapped, "", detail};
 }
 
+std::string bank_gateway::authorise(const std::string& key,
+                                    const orpheus::payment::charge_request& r,
+                                    std::chrono::milliseconds timeout) {
+  return step("/authorisations", key,
+              {{"amount", r.amount}, {"currency", r.currency}, {"reference", r.reference}},
+              "authorisation_id", timeout);
+}
+
+std::string bank_gateway::capture(const std::string& key, const std::string& authorisation,
+                                  std::chrono::milliseconds timeout) {
+  return step("/authorisations/" + authorisation + "/capture", key, nlohmann::json::object(),
+              "charge_id", timeout);
+}
+
+std::string bank_gateway::void_authorisation(const std::string& key,
+                                             const std::string& authorisation,
+                                             std::chrono::milliseconds timeout) {
+  return step("/authorisations/" + authorisation + "/void", key, nlohmann::json::object(), "status",
+              timeout);
+}
+
+std::string bank_gateway::notify(const std::string& key, const std::string& reference,
+                                 const std::string& charge_id, std::chrono::milliseconds timeout) {
+  return step("/ledger/notifications", key, {{"reference", reference}, {"charge_id", charge_id}},
+              "status", timeout);
+}
+
+std::string bank_gateway::step(const std::string& target, const std::string& key,
+                               const nlohmann::json& body, const char* id_field,
+                               std::chrono::milliseconds timeout) {
+  http_request req{http::verb::post, target, 11};
+  req.set("Idempotency-Key", key);
+  req.set(http::field::content_type, "application/json");
+  req.body() = body.dump();
+  gateway_answer answer;
+  try {
+    // Never re-sent once written: a lost answer is an unknown outcome, and
+    // the step's retry (same key) asks again.
+    const http_response res =
+        http_.send(bank_, std::move(req), timeout, orpheus::beast::delivery::at_most_once);
+    const unsigned status = res.result_int();
+    const auto j = nlohmann::json::parse(res.body(), nullptr, false);
+    const auto text = [&](const char* name) -> std::string {
+      if (!j.is_object()) return "";
+      const auto it = j.find(name);
+      return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+    };
+    answer.detail = "bank answered " + std::to_string(status) + " to " + target;
+    if (status >= 200 && status < 300 && !text(id_field).empty()) {
+      answer = {gateway_status::charged, text(id_field), answer.detail};
+    } else if (status == 402) {
+      answer.status = gateway_status::declined;
+    } else if (status == 404 || (status == 409 && !text("error").empty())) {
+      // An unknown authorisation, or one voided (for a capture) or captured
+      // (for a void): the bank will never do it.
+      answer.status = gateway_status::invalid;
+      answer.detail += " (" + text("error") + ")";
+    } else {
+      const auto mapped = orpheus::payment::status_of_http(status);
+      answer.status = mapped == gateway_status::charged ? gateway_status::server_error : mapped;
+    }
+  } catch (const orpheus::beast::transport_error& e) {
+    orpheus::log(orpheus::log_level::warning, std::string("payments_server: bank: ") + e.what());
+    answer = {orpheus::payment::status_of_transport(e.error_kind()), "",
+              "no answer from the bank to " + target};
+  }
+  return orpheus::payment::charge_id_of(answer);
+}
+
 // ---- the in-process bank (--bank inproc) -----------------------------------
 
 gateway_answer inproc_bank::charge(const orpheus::payment::charge_request& r,

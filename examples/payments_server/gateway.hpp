@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "orpheus/beast/client.hpp"
@@ -33,7 +34,23 @@ class bank_gateway final : public orpheus::payment::gateway {
   orpheus::payment::gateway_answer status(const std::string& key,
                                           std::chrono::milliseconds timeout) override;
 
+  // The card payment in steps (the bank simulator's two-step API and its
+  // ledger; create_payment.cpp). Each returns the id the bank answered
+  // (authorisation, charge; "voided", "notified") or throws the classified
+  // orpheus::error, as orpheus::payment::charge_id_of() classifies: a 409
+  // "voided" or "already_captured" and a 404 are refusals for good.
+  std::string authorise(const std::string& key, const orpheus::payment::charge_request& r,
+                        std::chrono::milliseconds timeout);
+  std::string capture(const std::string& key, const std::string& authorisation,
+                      std::chrono::milliseconds timeout);
+  std::string void_authorisation(const std::string& key, const std::string& authorisation,
+                                 std::chrono::milliseconds timeout);
+  std::string notify(const std::string& key, const std::string& reference,
+                     const std::string& charge_id, std::chrono::milliseconds timeout);
+
  private:
+  std::string step(const std::string& target, const std::string& key, const nlohmann::json& body,
+                   const char* id_field, std::chrono::milliseconds timeout);
   orpheus::payment::gateway_answer call(orpheus::beast::http_request req,
                                         std::chrono::milliseconds timeout,
                                         orpheus::beast::delivery d);

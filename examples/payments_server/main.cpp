@@ -33,6 +33,12 @@ Usage: payments_server --bank URL [flags]
                         with the bank simulator's semantics and no faults), to
                         measure the idempotency layer alone; GET /ledger then
                         answers as the bank simulator's
+  --flow steps|single   what POST /v1/payments does at the bank: steps (the
+                        default with an HTTP bank): authorise, capture (the
+                        pivot), notify the bank's ledger, each recorded, a
+                        void when a step before the capture fails for good
+                        (docs/steps.md); single: one charge (POST /charges),
+                        as --bank inproc always does and the benchmarks use
   --lease-ms N          lease of an attempt on a key (default 10000)
   --rpc-timeout-ms N    deadline of the bank call, < lease (default 5000)
   --wait-ms N           wait this long for a concurrent attempt on the same key
@@ -94,6 +100,7 @@ int main(int argc, char** argv) {
   const long port = f.num("port", 0);
   const auto store_specs = store_parts(f.all("store"));
   const std::string bank_url = f.str("bank", "");
+  const std::string flow = f.str("flow", bank_url == "inproc" ? "single" : "steps");
   orpheus::config cfg;
   cfg.lease = std::chrono::milliseconds(f.num("lease-ms", 10000));
   cfg.rpc_timeout = std::chrono::milliseconds(f.num("rpc-timeout-ms", 5000));
@@ -113,6 +120,8 @@ int main(int argc, char** argv) {
       "replay-cache-ttl-ms", std::min<long>(60000, static_cast<long>(cfg.retention.count()))));
   f.done();
   if (bank_url.empty()) f.fail("--bank is required");
+  if (flow != "steps" && flow != "single") f.fail("--flow is steps or single");
+  if (flow == "steps" && bank_url == "inproc") f.fail("--bank inproc charges in one step only");
   if (port < 0 || port > 65535 || workers < 1 || queue < 1)
     f.fail("--port, --workers or --queue out of range");
   if (max_connections < 1 || idle_timeout < 1 || header_timeout < 1)
@@ -144,17 +153,24 @@ int main(int argc, char** argv) {
     // Its io thread starts here, after the signals are blocked; declared
     // before the work pool, so it outlives every job that calls the bank.
     std::unique_ptr<orpheus::payment::gateway> bank;
-    inproc_bank* inproc = nullptr;  // set with --bank inproc: serves GET /ledger
+    inproc_bank* inproc = nullptr;      // set with --bank inproc: serves GET /ledger
+    bank_gateway* http_bank = nullptr;  // set with an HTTP bank
     if (bank_url == "inproc") {
       auto b = std::make_unique<inproc_bank>();
       inproc = b.get();
       bank = std::move(b);
     } else {
-      bank = std::make_unique<bank_gateway>(*bank_endpoint, static_cast<std::size_t>(workers));
+      auto b = std::make_unique<bank_gateway>(*bank_endpoint, static_cast<std::size_t>(workers));
+      http_bank = b.get();
+      bank = std::move(b);
     }
 
     metrics stats;
-    register_create_payment(manager, *bank, stats);  // before serving
+    if (flow == "steps") {  // before serving
+      register_create_payment_in_steps(manager, *http_bank, stats);
+    } else {
+      register_create_payment(manager, *bank, stats);
+    }
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::beast::middleware_options mw_options;
     mw_options.scope = [](const http_request& req) -> std::optional<std::string> {

@@ -98,8 +98,8 @@ struct response {
 class attempt {
  public:
   attempt(const request_id& id, int number, std::chrono::steady_clock::time_point deadline,
-          std::string_view step = {})
-      : id_(&id), number_(number), deadline_(deadline), step_(step) {}
+          std::string_view step = {}, bool by_completer = false)
+      : id_(&id), number_(number), deadline_(deadline), step_(step), by_completer_(by_completer) {}
 
   [[nodiscard]] const request_id& id() const noexcept { return *id_; }
   /// 1 for the first attempt; a take-over after a crash or a retryable
@@ -118,12 +118,16 @@ class attempt {
   /// The step this RPC (or compensation) belongs to, in a multi-step request
   /// (orpheus/steps.hpp); empty for process()'s single RPC.
   [[nodiscard]] std::string_view step() const noexcept { return step_; }
+  /// True when a completer (orpheus/completer.hpp) runs this attempt, not a
+  /// client's request.
+  [[nodiscard]] bool by_completer() const noexcept { return by_completer_; }
 
  private:
   const request_id* id_;
   int number_;
   std::chrono::steady_clock::time_point deadline_;
   std::string_view step_;
+  bool by_completer_ = false;
 };
 
 }  // namespace orpheus

@@ -547,6 +547,78 @@ TEST_P(Http, AnswersNeverCarryHostsOrRawErrors) {
   EXPECT_EQ(res.body().find("refused"), std::string::npos) << res.body();
 }
 
+// The bank simulator's two-step API (issue 11, item 7): authorisations
+// captured or voided once, idempotent by key, and a ledger endpoint that is
+// down part of the time; GET /ledger judges what was left unfinished.
+TEST(BankSimulator, AuthoriseCaptureVoidAndALedgerThatIsSometimesDown) {
+  service bank;
+  bank.start({ORPHEUS_BINARY_DIR "/examples/bank_simulator", "--ledger-down-every-ms", "400",
+              "--ledger-down-for-ms", "200"});
+  const auto post = [&](const std::string& target, const std::string& key,
+                        const nlohmann::json& body) {
+    http_request req{http::verb::post, target, 11};
+    req.set("Idempotency-Key", key);
+    req.set(http::field::content_type, "application/json");
+    req.body() = body.dump();
+    return beast::send({"127.0.0.1", bank.port}, std::move(req), std::chrono::seconds(10));
+  };
+  const auto json_of = [](const http_response& r) { return nlohmann::json::parse(r.body()); };
+  const nlohmann::json order = {{"amount", 1250}, {"currency", "EUR"}, {"reference", "pay_1"}};
+
+  auto r = post("/authorisations", "a1", order);
+  ASSERT_EQ(r.result_int(), 201) << r.body();
+  const std::string au = json_of(r)["authorisation_id"];
+  EXPECT_EQ(json_of(post("/authorisations", "a1", order))["authorisation_id"], au)
+      << "the same key answers the first outcome";
+  r = post("/authorisations/" + au + "/capture", "c1", {});
+  ASSERT_EQ(r.result_int(), 201) << r.body();
+  const std::string charge = json_of(r)["charge_id"];
+  r = post("/authorisations/" + au + "/capture", "c2", {});
+  EXPECT_EQ(r.result_int(), 200) << "a captured authorisation answers its capture";
+  EXPECT_EQ(json_of(r)["charge_id"], charge);
+  r = post("/authorisations/" + au + "/void", "v1", {});
+  EXPECT_EQ(r.result_int(), 409);
+  EXPECT_EQ(json_of(r)["error"], "already_captured");
+
+  const std::string au2 = json_of(
+      post("/authorisations", "a2",
+           {{"amount", 10}, {"currency", "EUR"}, {"reference", "pay_2"}}))["authorisation_id"];
+  EXPECT_EQ(post("/authorisations/" + au2 + "/void", "v2", {}).result_int(), 200);
+  EXPECT_EQ(post("/authorisations/" + au2 + "/void", "v3", {}).result_int(), 200);
+  r = post("/authorisations/" + au2 + "/capture", "c3", {});
+  EXPECT_EQ(r.result_int(), 409);
+  EXPECT_EQ(json_of(r)["error"], "voided");
+  EXPECT_EQ(post("/authorisations/au_404/capture", "c4", {}).result_int(), 404);
+
+  // The ledger is down 200 ms of every 400: a notification is answered 503
+  // then, and retried with the same key it lands once.
+  int unavailable = 0;
+  int notified = 0;
+  for (int i = 0; i < 200 && (unavailable == 0 || notified == 0); ++i) {
+    const int status =
+        post("/ledger/notifications", "n1", {{"reference", "pay_1"}, {"charge_id", charge}})
+            .result_int();
+    (status == 503 ? unavailable : notified) += status == 503 || status == 201 ? 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(unavailable, 0) << "the ledger was never down";
+  EXPECT_GT(notified, 0) << "the ledger never came back";
+
+  const auto ledger = nlohmann::json::parse(
+      beast::send({"127.0.0.1", bank.port}, http_request{http::verb::get, "/ledger", 11},
+                  std::chrono::seconds(10))
+          .body());
+  EXPECT_EQ(ledger["authorisations"], 2);
+  EXPECT_EQ(ledger["captured"], 1);
+  EXPECT_EQ(ledger["voided"], 1);
+  EXPECT_EQ(ledger["open_authorisations"], 0);
+  EXPECT_EQ(ledger["charges"], 1);
+  EXPECT_EQ(ledger["double_charges"], 0);
+  EXPECT_EQ(ledger["notified"], 1);
+  EXPECT_EQ(ledger["double_notified"], 0);
+  EXPECT_EQ(ledger["captured_not_notified"], 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Http, testing::Values("sqlite", "mysql"), test::backend_name);
 
 }  // namespace
