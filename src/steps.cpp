@@ -25,17 +25,12 @@ void detail::validate_steps(const std::vector<std::string>& names, bool has_resp
   if (!has_respond) throw config_error("a multi-step request needs respond()");
 }
 
-error_info detail::classify_step(std::exception_ptr e, unclassified_policy policy) {
-  try {
-    std::rethrow_exception(std::move(e));
-  } catch (const nlohmann::json::exception& j) {
-    return error_info::of(error_class::unavailable, codes::pre_state_unreadable,
-                          "the stored request state cannot be read by this server version; "
-                          "retry later")
-        .with_internal(std::string("a step's stored result does not read: ") + j.what());
-  } catch (...) {
-    return classify(std::current_exception(), policy);
-  }
+void step_results::throw_unreadable(std::string_view step, const char* why) {
+  throw error(error_info::of(error_class::unavailable, codes::pre_state_unreadable,
+                             "the stored request state cannot be read by this server version; "
+                             "retry later")
+                  .with_internal("the stored result of step " + std::string(step) +
+                                 " does not read: " + why));
 }
 
 namespace detail {

@@ -59,8 +59,11 @@ API
                         "captured_not_notified"}
 
 Card payments in two steps (each POST takes Idempotency-Key: K, and the
-same K again answers the first outcome, whatever --dedup says; the faults
-above apply to each, except the ledger's):
+same K again answers the first outcome, whatever --dedup says). Faults:
+--fail-rate on authorise, capture and void; --drop-rate on every answer
+that acted, notifications too; --decline-rate on authorise and
+--capture-decline-rate on capture; --latency-ms and --hold-after-charge-ms
+(after a capture) as for charges; the ledger's own downtime below:
   POST /authorisations {"amount", "currency", "reference"}
                        201 {"authorisation_id", "status": "authorised"};
                        402 declined; 503 before acting

@@ -29,8 +29,9 @@ Usage: payments_demo --server URL --bank URL [flags]
 
 With the payment in steps (authorise, capture, notify the ledger), the bank's
 ledger is the judge: every capture notified once, every authorisation either
-captured or voided ("left unfinished" counts the others). Exits 1 on a double
-charge, a payment left unfinished, or a double click answered differently.
+captured or voided ("left unfinished", printed in steps only, counts the
+others). Exits 1 on a double charge, a payment left unfinished, or a double
+click answered differently; in one charge, also when a client gave up.
 )";
 
 namespace http = boost::beast::http;

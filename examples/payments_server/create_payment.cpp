@@ -17,15 +17,11 @@ namespace examples::payments_server {
 
 using orpheus::beast::http_request;
 
-namespace {
-constexpr const char* handler_name = "create_payment";
-}  // namespace
-
 // The RPC and Post-RPC, registered once: a payment whose client went away
 // (or whose server was killed) is finished by the completer with these.
 void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank, metrics& stats) {
   m.register_handler<payment>(
-      handler_name, 1,
+      std::string(single_handler), 1,
       [&bank, &stats](const orpheus::attempt& a, const payment& p) {  // RPC
         if (a.is_retry()) stats.takeover();
         return orpheus::payment::charge_once(bank, a, {p.id, p.amount, p.currency});
@@ -51,10 +47,17 @@ void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& ban
 // Each step's result is recorded as it finishes; a retry, or the completer,
 // resumes at the first unfinished step (docs/steps.md).
 void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, metrics& stats) {
+  // What is left of the attempt's deadline for a bank call; none left: the
+  // call is not sent (it could outlive the lease), and the step is retried.
   const auto time_left = [](const orpheus::attempt& a) {
-    return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(
-                        a.deadline() - std::chrono::steady_clock::now()));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        a.deadline() - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      throw orpheus::error(orpheus::error_info::of(orpheus::error_class::unavailable,
+                                                   orpheus::codes::deadline_exceeded,
+                                                   "no time left to call the bank; retry"));
+    }
+    return left;
   };
   orpheus::steps<payment> flow;
   flow.step("authorise",
@@ -103,13 +106,13 @@ void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, m
         tx.execute("UPDATE payments SET state = ? WHERE id = ?", e.code, p.id);
         return orpheus::problem_response(e);
       });
-  m.register_handler(handler_name, 2, std::move(flow));
+  m.register_handler(std::string(steps_handler), 1, std::move(flow));
 }
 
-void create_payment(orpheus::beast::middleware& mw, http_request&& req,
+void create_payment(orpheus::beast::middleware& mw, std::string_view handler, http_request&& req,
                     const orpheus::beast::responder& respond) {
   const std::string client(req["X-Client-Id"]);
-  mw.handle_named(handler_name, std::move(req), respond,
+  mw.handle_named(std::string(handler), std::move(req), respond,
                   [client](orpheus::tx& tx, const http_request& r) {  // Pre-RPC
                     payment p = parse_payment(r);
                     // The payment id names its shard, so GET can find it.

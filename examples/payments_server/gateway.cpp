@@ -127,9 +127,11 @@ std::string bank_gateway::step(const std::string& target, const std::string& key
       answer = {gateway_status::charged, text(id_field), answer.detail};
     } else if (status == 402) {
       answer.status = gateway_status::declined;
-    } else if (status == 404 || (status == 409 && !text("error").empty())) {
+    } else if (status == 404 || (status == 409 && (text("error") == "voided" ||
+                                                   text("error") == "already_captured"))) {
       // An unknown authorisation, or one voided (for a capture) or captured
-      // (for a void): the bank will never do it.
+      // (for a void): the bank will never do it. Any other 409 (a request
+      // with this key still running there) is not a refusal: below.
       answer.status = gateway_status::invalid;
       answer.detail += " (" + text("error") + ")";
     } else {

@@ -36,7 +36,7 @@ Usage: payments_server --bank URL [flags]
   --flow steps|single   what POST /v1/payments does at the bank: steps (the
                         default with an HTTP bank): authorise, capture (the
                         pivot), notify the bank's ledger, each recorded, a
-                        void when a step before the capture fails for good
+                        void when the capture is refused for good
                         (docs/steps.md); single: one charge (POST /charges),
                         as --bank inproc always does and the benchmarks use
   --lease-ms N          lease of an attempt on a key (default 10000)
@@ -166,11 +166,11 @@ int main(int argc, char** argv) {
     }
 
     metrics stats;
-    if (flow == "steps") {  // before serving
-      register_create_payment_in_steps(manager, *http_bank, stats);
-    } else {
-      register_create_payment(manager, *bank, stats);
-    }
+    // Before serving. Both, with steps: a payment made in one charge (by an
+    // older server, or with --flow single, on the same store) is still
+    // finished as one, by its client's retry or the completer.
+    register_create_payment(manager, *bank, stats);
+    if (flow == "steps") register_create_payment_in_steps(manager, *http_bank, stats);
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::beast::middleware_options mw_options;
     mw_options.scope = [](const http_request& req) -> std::optional<std::string> {
@@ -195,7 +195,9 @@ int main(int argc, char** argv) {
     server_options.max_connections = static_cast<std::size_t>(max_connections);
     server_options.idle_timeout = std::chrono::milliseconds(idle_timeout);
     server_options.header_timeout = std::chrono::milliseconds(header_timeout);
-    orpheus::beast::server server(server_options, routes({mw, *store, inproc, stats}));
+    orpheus::beast::server server(
+        server_options,
+        routes({mw, *store, inproc, stats, flow == "steps" ? steps_handler : single_handler}));
     purger purge(manager, stats, std::chrono::milliseconds(purge_interval),
                  static_cast<std::size_t>(purge_batch));
     // After everything it uses, so destroyed (and stopped) before them.

@@ -50,7 +50,7 @@ orpheus::beast::handler routes(services s) {
   return [s](http_request&& req, orpheus::beast::responder respond) {
     const std::string target(req.target());
     if (req.method() == http::verb::post && target == "/v1/payments") {
-      return create_payment(s.mw, std::move(req), respond);
+      return create_payment(s.mw, s.payment_handler, std::move(req), respond);
     }
     if (req.method() == http::verb::get && target.rfind("/v1/payments/", 0) == 0) {
       return s.mw.run_blocking(std::move(req), respond, [&store = s.store](const http_request& r) {

@@ -24,6 +24,8 @@ struct services {
   orpheus::store& store;
   inproc_bank* inproc;  ///< set with --bank inproc: serves GET /ledger
   metrics& stats;
+  /// The registered handler new payments go to (create_payment.hpp).
+  std::string_view payment_handler;
 };
 
 /// The server's handler: answers every request through the routes above.

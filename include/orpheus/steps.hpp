@@ -85,18 +85,31 @@ class step_results {
 
   [[nodiscard]] bool has(std::string_view step) const { return find(step) != nullptr; }
   /// The result of `step` as T. Throws std::out_of_range when the step has
-  /// not finished, and what nlohmann::json throws when it is not a T.
+  /// not finished, and detail::unreadable_result() (pre_state_unreadable,
+  /// retryable: never a failure for good) when the stored result does not
+  /// read as a T (another deploy's type).
   template <class T>
   [[nodiscard]] T get(std::string_view step) const {
     const nlohmann::json* j = find(step);
     if (j == nullptr) throw std::out_of_range("step '" + std::string(step) + "' has not finished");
-    return j->get<T>();
+    return read_as<T>(*j, step);
+  }
+
+  /// `stored` as T, or the error above.
+  template <class T>
+  [[nodiscard]] static T read_as(const nlohmann::json& stored, std::string_view step) {
+    try {
+      return stored.get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      throw_unreadable(step, e.what());
+    }
   }
   [[nodiscard]] const std::vector<std::pair<std::string, nlohmann::json>>& entries() const {
     return done_;
   }
 
  private:
+  [[noreturn]] static void throw_unreadable(std::string_view step, const char* why);
   [[nodiscard]] const nlohmann::json* find(std::string_view step) const {
     const auto it =
         std::find_if(done_.begin(), done_.end(), [&](const auto& d) { return d.first == step; });
@@ -132,11 +145,6 @@ struct step_def {
 /// step name that is not 1 to 64 characters of A-Z a-z 0-9 _ - . or is used
 /// twice.
 void validate_steps(const std::vector<std::string>& names, bool has_respond);
-/// What a step's RPC or compensation threw, classified: a stored result
-/// that no longer reads as its type (nlohmann::json's exceptions) is
-/// pre_state_unreadable, retryable (never a failure for good, which would
-/// send the request backwards); anything else as error.hpp's classify().
-error_info classify_step(std::exception_ptr e, unclassified_policy policy);
 }  // namespace detail
 
 /// Step RPC: `rpc(const attempt&, const PreState&, const step_results&) -> T or outcome<T>`.
@@ -162,7 +170,7 @@ class step_ref {
       Post p) {
     def().post = [p = std::move(p)](tx& t, const attempt& a, const PreState& s,
                                     const nlohmann::json& r) mutable {
-      std::invoke(p, t, a, s, r.get<T>());
+      std::invoke(p, t, a, s, step_results::read_as<T>(r, a.step()));
     };
     return *this;
   }
@@ -176,10 +184,10 @@ class step_ref {
                            const attempt& a, const PreState& s, const nlohmann::json& r,
                            unclassified_policy policy) mutable -> std::optional<error_info> {
       try {
-        std::invoke(c, a, s, r.get<T>());
+        std::invoke(c, a, s, step_results::read_as<T>(r, a.step()));
         return std::nullopt;
       } catch (...) {
-        return detail::classify_step(std::current_exception(), policy);
+        return classify(std::current_exception(), policy);
       }
     };
     return *this;
@@ -236,7 +244,7 @@ class steps {
         }
         return std::nullopt;
       } catch (...) {
-        return detail::classify_step(std::current_exception(), policy);
+        return classify(std::current_exception(), policy);
       }
     };
     steps_.push_back(std::move(d));

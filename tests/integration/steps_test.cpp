@@ -593,6 +593,57 @@ TEST_P(Steps, AFlowThatCannotRunIsRefusedBeforeAnyDatabaseWork) {
   EXPECT_TRUE(bank.log().empty());
 }
 
+// The completer keeps going across shards (issue 11, item 3): two MariaDB
+// servers, payments left unfinished on both, one pass finishes them all.
+TEST(StepsOnShards, OneCompleterPassFinishesRequestsOnEveryShard) {
+  const auto s = test::make_store("mysql", 2);
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->shard_count(), 2U);
+  for (std::size_t shard = 0; shard < 2; ++shard) {
+    auto t = s->begin_on_shard(shard);
+    t->execute(
+        "CREATE TABLE IF NOT EXISTS step_rows (id VARCHAR(255) NOT NULL, step VARCHAR(64) NOT "
+        "NULL, result VARCHAR(255), PRIMARY KEY (id, step))");
+    t->commit();
+  }
+  config cfg;
+  cfg.lease = 600ms;
+  cfg.rpc_timeout = 400ms;
+  cfg.retry_backoff_base = 1ms;
+  cfg.retry_backoff_max = 2ms;
+  manager m(*s, cfg);
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "capture" && a.number() == 1) return unavailable_now();
+    return std::nullopt;
+  };
+  const std::string scope = "shards-" + test::random_hex();
+  const std::string handler = "pay-" + test::random_hex(4);
+  m.register_handler(handler, 1,
+                     flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"}));
+  std::set<std::size_t> shards;
+  std::vector<request_id> ids;
+  for (int i = 0; shards.size() < 2 || ids.size() < 6; ++i) {
+    const request_id rid{scope, "k" + std::to_string(i), fingerprint_of("order")};
+    shards.insert(s->shard_of(rid));
+    ids.push_back(rid);
+    EXPECT_THROW(m.process(handler, rid,
+                           [&](tx&) {
+                             return order{scope + "/" + rid.key, 1};
+                           }),
+                 error);
+  }
+  std::this_thread::sleep_for(20ms);
+  completer c(m);
+  const auto pass = c.run_once();
+  EXPECT_EQ(pass.finished, ids.size());
+  for (const auto& rid : ids) {
+    EXPECT_EQ(s->inspect(rid)->state, record_state::succeeded) << rid.key;
+  }
+  EXPECT_EQ(bank.effects["capture"], static_cast<int>(ids.size()));
+  EXPECT_EQ(bank.effects["authorise"], static_cast<int>(ids.size()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Steps, testing::Values("sqlite", "mysql"), test::backend_name);
 
 }  // namespace
