@@ -307,6 +307,7 @@ void record_tx::add_history(const request_id& id, std::string_view outcome, std:
 bool record_tx::add_history_fenced(const request_id& id, std::string_view owner,
                                    std::string_view outcome, std::string_view error,
                                    std::string_view runner, std::string_view step) {
+  // add_history's parameters, then the owner of its fence.
   const sql_value p[] = {std::string(outcome),
                          std::string(runner),
                          step_or_null(step),

@@ -47,33 +47,23 @@ void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& ban
 // Each step's result is recorded as it finishes; a retry, or the completer,
 // resumes at the first unfinished step (docs/steps.md).
 void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, metrics& stats) {
-  // What is left of the attempt's deadline for a bank call; none left: the
-  // call is not sent (it could outlive the lease), and the step is retried.
-  const auto time_left = [](const orpheus::attempt& a) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        a.deadline() - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      throw orpheus::error(orpheus::error_info::of(orpheus::error_class::unavailable,
-                                                   orpheus::codes::deadline_exceeded,
-                                                   "no time left to call the bank; retry"));
-    }
-    return left;
-  };
+  // Each bank call gets what is left of the attempt's deadline; with none
+  // left it is not sent (orpheus::payment::time_left).
+  using orpheus::payment::time_left;
   orpheus::steps<payment> flow;
   flow.step("authorise",
-            [&bank, &stats, time_left](const orpheus::attempt& a, const payment& p,
-                                       const orpheus::step_results&) {
+            [&bank, &stats](const orpheus::attempt& a, const payment& p,
+                            const orpheus::step_results&) {
               if (a.is_retry()) stats.takeover();
               return bank.authorise(a.downstream_key("authorise"), {p.id, p.amount, p.currency},
                                     time_left(a));
             })
-      .compensate([&bank, time_left](const orpheus::attempt& a, const payment&,
-                                     const std::string& authorisation) {
-        bank.void_authorisation(a.downstream_key("void"), authorisation, time_left(a));
-      })
+      .compensate(
+          [&bank](const orpheus::attempt& a, const payment&, const std::string& authorisation) {
+            bank.void_authorisation(a.downstream_key("void"), authorisation, time_left(a));
+          })
       .step("capture",
-            [&bank, time_left](const orpheus::attempt& a, const payment&,
-                               const orpheus::step_results& done) {
+            [&bank](const orpheus::attempt& a, const payment&, const orpheus::step_results& done) {
               return bank.capture(a.downstream_key("capture"), done.get<std::string>("authorise"),
                                   time_left(a));
             })
@@ -83,12 +73,12 @@ void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, m
         tx.execute("UPDATE payments SET state = 'captured', charge_id = ? WHERE id = ?", charge_id,
                    p.id);
       })
-      .step("notify",
-            [&bank, time_left](const orpheus::attempt& a, const payment& p,
-                               const orpheus::step_results& done) {
-              return bank.notify(a.downstream_key("notify"), p.id, done.get<std::string>("capture"),
-                                 time_left(a));
-            })
+      .step(
+          "notify",
+          [&bank](const orpheus::attempt& a, const payment& p, const orpheus::step_results& done) {
+            return bank.notify(a.downstream_key("notify"), p.id, done.get<std::string>("capture"),
+                               time_left(a));
+          })
       .respond([](orpheus::tx& tx, const orpheus::attempt& a, const payment& p,
                   const orpheus::step_results& done) {
         tx.execute("UPDATE payments SET state = 'succeeded' WHERE id = ?", p.id);

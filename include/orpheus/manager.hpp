@@ -496,6 +496,7 @@ template <pre_rpc_phase Pre>
 response manager::process(const request_id& id, Pre&& pre,
                           const steps<detail::pre_state_of<Pre>>& flow,
                           const process_options& options) {
+  flow.validate();  // a registered flow is checked once, at registration
   return process_flow<detail::pre_state_of<Pre>>(
       detail::run_context{}, id, [&](tx& t) { return nlohmann::json(std::invoke(pre, t)); }, flow,
       options);
@@ -517,7 +518,6 @@ template <class PreState>
 response manager::process_flow(const detail::run_context& ctx, const request_id& id,
                                const pre_function& pre, const steps<PreState>& flow,
                                const process_options& options) {
-  flow.validate();
   const unclassified_policy policy = flow.unclassified_policy_set().value_or(config_.unclassified);
   std::optional<PreState> state;
   detail::flow_phases f;

@@ -15,6 +15,7 @@
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
 #include "support/forwarding_store.hpp"
+#include "support/race.hpp"
 
 namespace orpheus {
 namespace {
@@ -960,28 +961,8 @@ TEST_P(Conformance, CompletersAndAClientRacingOnOneKeyNeverOverlapAndChargeOnce)
   rig.fail = [](const attempt& a) { return a.number() < 12; };
   const auto rid = id("k1");
   EXPECT_THROW(m.process(handler, rid, pay_pre), error);
-  std::atomic<bool> done{false};
-  auto completer_thread = [&] {
-    completer c(m, {.batch = 4});
-    while (!done) {
-      c.run_once();
-      if (store_->read(rid)->state == record_state::succeeded) done = true;
-    }
-  };
-  std::thread a(completer_thread);
-  std::thread b(completer_thread);
-  std::thread client([&] {
-    while (!done) {
-      try {
-        if (m.process(handler, rid, pay_pre).status == 201) done = true;
-      } catch (const error& e) {
-        EXPECT_TRUE(e.retryable()) << e.code();
-      }
-    }
-  });
-  a.join();
-  b.join();
-  client.join();
+  test::race_two_completers_and_a_client(
+      m, *store_, rid, [&] { return m.process(handler, rid, pay_pre).status == 201; });
   EXPECT_EQ(rig.max_in_flight, 1) << "two attempts of one key ran at once";
   EXPECT_EQ(rig.successes, 1) << "charged more than once";
   std::vector<int> numbers = rig.numbers;

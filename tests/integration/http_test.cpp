@@ -107,6 +107,25 @@ class Http : public testing::TestWithParam<std::string> {
     return send(payments_.port, std::move(req));
   }
 
+  // Sends one payment from a client that never retries, waits until the bank
+  // has charged (started with --hold-after-charge-ms, the server is now
+  // between the charge and its record) and SIGKILLs the payments server.
+  void kill_payments_after_the_charge(const std::string& key, std::int64_t amount) {
+    std::thread client([&] {
+      try {
+        pay(key, amount);
+      } catch (const beast::transport_error&) {  // the server died under us
+      }
+    });
+    for (int i = 0; i < 100 && ledger()["charges"] != 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const bool charged = ledger()["charges"] == 1;
+    payments_.proc->kill_hard();
+    client.join();
+    ASSERT_TRUE(charged) << "the bank never charged";
+  }
+
   nlohmann::json ledger() {
     return nlohmann::json::parse(
         send(bank_.port, http_request{http::verb::get, "/ledger", 11}).body());
@@ -269,20 +288,7 @@ TEST_P(Http, ServerKilledAfterTheChargeBeforeTheRecordChargesOnce) {
   const std::vector<std::string> fast_leases{"--lease-ms", "2000",   "--rpc-timeout-ms",
                                              "1500",       "--flow", "single"};
   start_payments(fast_leases);
-  std::thread client([&] {
-    try {
-      pay("crash-key", 4200);
-    } catch (const beast::transport_error&) {  // the server died under us
-    }
-  });
-  // Wait until the bank has charged: the server is now between the charge and
-  // its record.
-  for (int i = 0; i < 100 && ledger()["charges"] != 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_EQ(ledger()["charges"], 1);
-  payments_.proc->kill_hard();
-  client.join();
+  ASSERT_NO_FATAL_FAILURE(kill_payments_after_the_charge("crash-key", 4200));
 
   start_payments(fast_leases);  // same store, new process
   const auto res = pay_until_answered("crash-key", 4200);
@@ -306,18 +312,7 @@ TEST_P(Http, AKilledServersPaymentIsFinishedByTheCompleterWithoutItsClient) {
   const std::vector<std::string> flags{"--lease-ms",     "2000", "--rpc-timeout-ms", "1500",
                                        "--completer-ms", "100",  "--flow",           "single"};
   start_payments(flags);
-  std::thread client([&] {
-    try {
-      pay("orphan-key", 4300);
-    } catch (const beast::transport_error&) {  // the server died under us; we never retry
-    }
-  });
-  for (int i = 0; i < 100 && ledger()["charges"] != 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_EQ(ledger()["charges"], 1);
-  payments_.proc->kill_hard();
-  client.join();
+  ASSERT_NO_FATAL_FAILURE(kill_payments_after_the_charge("orphan-key", 4300));
 
   start_payments(flags);  // same store, new process; no client from here on
   std::unique_ptr<store> records;
@@ -359,18 +354,7 @@ TEST_P(Http, AKilledServersPaymentInStepsIsResumedAtItsStepByTheCompleter) {
   const std::vector<std::string> flags{"--lease-ms", "2000",           "--rpc-timeout-ms",
                                        "1500",       "--completer-ms", "100"};
   start_payments(flags);
-  std::thread client([&] {
-    try {
-      pay("orphan-steps", 4400);
-    } catch (const beast::transport_error&) {  // the server died under us; we never retry
-    }
-  });
-  for (int i = 0; i < 100 && ledger()["charges"] != 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_EQ(ledger()["charges"], 1);
-  payments_.proc->kill_hard();
-  client.join();
+  ASSERT_NO_FATAL_FAILURE(kill_payments_after_the_charge("orphan-steps", 4400));
   EXPECT_EQ(ledger()["notified"], 0);
 
   start_payments(flags);  // same store, new process; no client from here on

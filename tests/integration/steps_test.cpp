@@ -18,6 +18,7 @@
 #include "orpheus/manager.hpp"
 #include "orpheus/steps.hpp"
 #include "support/backends.hpp"
+#include "support/race.hpp"
 
 namespace orpheus {
 namespace {
@@ -367,28 +368,8 @@ TEST_P(Steps, CompletersAndAClientRacingOnOneKeyRunEachStepOnce) {
   const std::string oid = scope_ + "/o1";
   const auto pre = [&](tx&) { return order{oid, 5}; };
   EXPECT_THROW(m.process(handler, rid, pre), error);
-  std::atomic<bool> done{false};
-  auto completer_thread = [&] {
-    completer c(m, {.batch = 4});
-    while (!done) {
-      c.run_once();
-      if (store_->read(rid)->state == record_state::succeeded) done = true;
-    }
-  };
-  std::thread a(completer_thread);
-  std::thread b(completer_thread);
-  std::thread client([&] {
-    while (!done) {
-      try {
-        if (m.process(handler, rid, pre).status == 201) done = true;
-      } catch (const error& e) {
-        EXPECT_TRUE(e.retryable()) << e.code();
-      }
-    }
-  });
-  a.join();
-  b.join();
-  client.join();
+  test::race_two_completers_and_a_client(
+      m, *store_, rid, [&] { return m.process(handler, rid, pre).status == 201; });
   EXPECT_EQ(bank.max_in_flight, 1) << "two attempts of one key called the bank at once";
   EXPECT_EQ(bank.effects["authorise"], 1);
   EXPECT_EQ(bank.effects["capture"], 1);

@@ -29,12 +29,20 @@ namespace {
                   .with_internal("gateway: " + detail));
 }
 
-std::chrono::milliseconds left(const attempt& a) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(a.deadline() -
-                                                               std::chrono::steady_clock::now());
-}
-
 }  // namespace
+
+std::chrono::milliseconds time_left(const attempt& a) {
+  const auto t = std::chrono::duration_cast<std::chrono::milliseconds>(
+      a.deadline() - std::chrono::steady_clock::now());
+  if (t.count() > 0) return t;
+  // Nothing is sent without time left. On a first attempt nothing was ever
+  // sent under this key: retryable, not in doubt. On a retry the earlier
+  // call is still unknown.
+  if (!a.is_retry()) {
+    throw retryable_error(codes::gateway_timeout, "no time left before the deadline to call", 504);
+  }
+  unknown_outcome(codes::gateway_timeout, "no time left before the deadline to ask");
+}
 
 gateway_status status_of_http(unsigned http_status) noexcept {
   if (http_status >= 200 && http_status < 300) return gateway_status::charged;
@@ -92,25 +100,13 @@ std::string charge_id_of(const gateway_answer& answer) {
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         std::string_view step) {
   const std::string key = a.downstream_key(step);
-  auto time_left = [&] {
-    const auto t = left(a);
-    if (t.count() > 0) return t;
-    // Nothing is sent without time left. On a first attempt nothing was ever
-    // sent under this key: retryable, not in doubt. On a retry the earlier
-    // charge is still unknown.
-    if (!a.is_retry()) {
-      throw retryable_error(codes::gateway_timeout, "no time left before the deadline to charge",
-                            504);
-    }
-    unknown_outcome(codes::gateway_timeout, "no time left before the deadline to ask");
-  };
   if (a.is_retry()) {
     // An earlier attempt may have charged: ask before acting again. Only
     // three answers settle it; anything else (a refused query, a 409 because
     // the first charge is still running, a 429, 5xx, no answer) leaves the
     // earlier charge unknown, and charging now could charge twice or record a
     // final failure over money taken (issue 7, defect 5).
-    const auto known = g.status(key, time_left());
+    const auto known = g.status(key, time_left(a));
     switch (known.status) {
       case gateway_status::charged:
       case gateway_status::declined:
@@ -122,7 +118,7 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         "the status query did not settle the earlier charge: " + known.detail);
     }
   }
-  return charge_id_of(g.charge(r, key, time_left()));
+  return charge_id_of(g.charge(r, key, time_left(a)));
 }
 
 }  // namespace orpheus::payment

@@ -121,6 +121,12 @@ class gateway {
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         std::string_view step = "charge");
 
+/// The time left before the attempt's deadline, for a gateway call. With
+/// none left nothing may be sent (the call could outlive the lease): throws
+/// a retryable gateway_timeout on a first attempt (nothing was ever sent
+/// under its key), an in-doubt one on a retry (an earlier call is unknown).
+[[nodiscard]] std::chrono::milliseconds time_left(const attempt& a);
+
 /// The charge id a charge's answer carries (exposed for gateways with their
 /// own flow): answer.charge_id for `charged`; for everything else, throws the
 /// orpheus::error classified as above. Not for status answers: on a retry,
