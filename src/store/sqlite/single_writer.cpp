@@ -30,7 +30,7 @@ void single_writer::parker::wake() {
     const std::lock_guard lock(m);
     woken = true;
   }
-  cv.notify_one();
+  cv.notify_all();
 }
 
 void single_writer::take_turn(std::unique_lock<std::mutex>& lock) {
@@ -85,6 +85,7 @@ std::uint64_t single_writer::enter() {
       ++batch_;
       kept_ = 0;
       batch_started_ = clock::now();
+      batch_gate_ = std::make_shared<parker>();
     }
     const std::uint64_t batch = batch_;
     lock.unlock();
@@ -152,13 +153,12 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
   // holds the connection forever must not hold every earlier one; past the
   // bound the outcome is unknown, which is what in doubt means.
   const auto until = clock::now() + busy_timeout_;
-  while (finished_ < batch && clock::now() < until) {
-    auto me = std::make_shared<parker>();
-    batch_waiters_.push_back(me);
+  if (finished_ < batch) {
+    // Not finished means it is the open batch (batches finish in order).
+    const std::shared_ptr<parker> gate = batch_gate_;
     wake_and_unlock(lock);
-    me->sleep_until(until);
+    gate->sleep_until(until);
     lock.lock();
-    std::erase(batch_waiters_, me);  // gone already if the batch finished
   }
   const bool done = finished_ >= batch;
   std::optional<storage_error> batch_failure;
@@ -204,8 +204,8 @@ void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t ba
     failed_.insert_or_assign(batch, std::move(*failure));
     while (failed_.size() > failures_kept) failed_.erase(failed_.begin());
   }
-  for (auto& p : batch_waiters_) to_wake_.push_back(std::move(p));
-  batch_waiters_.clear();
+  if (batch_gate_) to_wake_.push_back(std::move(batch_gate_));
+  batch_gate_.reset();
 }
 
 void single_writer::exclusively(const std::function<void(connection&)>& f) {

@@ -67,7 +67,8 @@ class single_writer {
  private:
   using clock = std::chrono::steady_clock;
 
-  // A sleeping thread and the flag that wakes it, under a lock of its own:
+  // A sleeping thread (or the members of a batch) and the flag that wakes
+  // it, under a lock of its own:
   // its waker wakes it after releasing m_, so that the woken thread does not
   // run straight into m_ still held by its waker (on one CPU, two more
   // context switches per wake-up). Shared: the waker may still hold it when
@@ -102,10 +103,12 @@ class single_writer {
   // takes itself off.
   std::deque<std::shared_ptr<parker>> line_;
   bool taken_ = false;  // a member (or exclusively()) has the connection
-  // Members waiting for the open batch to finish. Only one batch at a time
-  // has members waiting (the next one opens after it finished), so a
-  // batch's end wakes its own members only.
-  std::vector<std::shared_ptr<parker>> batch_waiters_;
+  // What members of the open batch sleep on until it finishes: one for the
+  // whole batch, woken once (notify_all) when it finishes. Only one batch at
+  // a time has members waiting (the next one opens after it finished), so a
+  // batch's end wakes its own members only, with one system call rather
+  // than one per member (each of which may switch the waker out).
+  std::shared_ptr<parker> batch_gate_;
   std::vector<std::shared_ptr<parker>> to_wake_;  // once m_ is released
   // The batch: open between its BEGIN and its COMMIT.
   bool batch_open_ = false;
