@@ -386,19 +386,32 @@ void record_after_rpc(const after_rpc& w,
     }
   };
   const std::string where = "scope " + w.id.scope + " key " + w.id.key;
+  // What Post-RPC threw, carried out of the transaction (which it undoes).
+  struct post_rpc_threw {
+    std::exception_ptr what;
+  };
   try {
-    auto t = detail::begin_record_tx(w.s, w.id);
-    app_tx handler_tx(*t);
-    bool fenced = false;
     try {
-      fenced = write(*t, handler_tx);
-    } catch (const storage_error&) {
-      throw;
-    } catch (...) {
-      // Post-RPC threw. Give the connection back first: leave() needs one.
-      t->rollback();
-      t.reset();
-      const error_info cause = classify(std::current_exception(), w.c.unclassified);
+      // The transaction every request makes: a job of the backend
+      // (transact), which commits it; throwing undoes it.
+      detail::transact(w.s, w.id, [&](detail::record_tx& t) {
+        app_tx handler_tx(t);
+        bool fenced = false;
+        try {
+          fenced = write(t, handler_tx);
+        } catch (const storage_error&) {
+          throw;
+        } catch (...) {
+          throw post_rpc_threw{std::current_exception()};
+        }
+        if (!fenced) {
+          throw storage_error::lease_lost("the fenced write of attempt " +
+                                          std::to_string(w.a.number()) + " matched no lease");
+        }
+      });  // the commit may throw lease_lost too: a backend that fences in its COMMIT
+    } catch (const post_rpc_threw& threw) {
+      // Undone, and the connection given back: leave() needs one.
+      const error_info cause = classify(threw.what, w.c.unclassified);
       leave(reason_of(cause));
       log(log_level::error, where + ": Post-RPC failed after the RPC ran: " + reason_of(cause));
       throw error(error_info::of(rpc_in_doubt ? error_class::in_doubt : error_class::unavailable,
@@ -406,12 +419,6 @@ void record_after_rpc(const after_rpc& w,
                                  "recording the result failed; retry with the same key")
                       .with_internal(reason_of(cause)));
     }
-    if (!fenced) {
-      t->rollback();
-      throw storage_error::lease_lost("the fenced write of attempt " +
-                                      std::to_string(w.a.number()) + " matched no lease");
-    }
-    t->commit();  // may throw lease_lost too: a backend that fences in its COMMIT
   } catch (const storage_error& e) {
     if (e.code() == codes::lease_lost) {
       // Nothing was recorded; the lease is another attempt's now.
@@ -527,18 +534,21 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
     std::optional<error_info> unreadable;      // a take-over that cannot go on
     std::optional<detail::progress> progress;  // a multi-step request's recovery point
     try {
-      auto t = detail::begin_record_tx(store_, id);
-      app_tx handler_tx(*t);
       if (!seen) {
-        if (t->insert(id, owner, terms, ctx.handler, ctx.handler_version)) {
-          // A new request: Pre-RPC runs here, once per key, with the lease row.
+        // A new request, in the transaction every new key makes: a job of
+        // the backend (transact), which commits it. Throwing undoes it.
+        bool inserted = false;
+        detail::transact(store_, id, [&](detail::record_tx& t) {
+          if (!t.insert(id, owner, terms, ctx.handler, ctx.handler_version)) return;
+          inserted = true;
+          app_tx handler_tx(t);
+          // Pre-RPC runs here, once per key, with the lease row.
           nlohmann::json pre;
           try {
             pre = p.pre(handler_tx);
           } catch (const storage_error&) {
             throw;
           } catch (...) {
-            t->rollback();
             throw error(classify(std::current_exception(), config_.unclassified));
           }
           const std::string stored = detail::encode_pre_state(pre);
@@ -548,7 +558,6 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
           try {
             p.load(detail::decode_pre_state(stored).value());
           } catch (const std::exception& e) {
-            t->rollback();
             const error_info why =
                 error_info::of(error_class::internal, codes::pre_state_unreadable,
                                "the Pre-RPC result does not read back as its own type")
@@ -560,18 +569,17 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
           // A multi-step request's Pre-RPC result is stored with a prefix
           // that no single-RPC reader (of this or an older version) can
           // read: such a reader never resumes it as one RPC.
-          if (!t->save_pre_state(
+          if (!t.save_pre_state(
                   id, owner,
                   progress ? std::string(detail::steps_pre_state_prefix) + stored : stored,
                   progress ? detail::encode_progress(*progress) : "")) {
             throw storage_error::permanent("lease row vanished inside its own transaction");
           }
-          attempt_number = 1;
-        } else {
-          t->rollback();  // someone inserted first; drop its lock and re-read
-          continue;
-        }
+        });
+        if (!inserted) continue;  // someone inserted first: re-read
+        attempt_number = 1;
       } else {
+        auto t = detail::begin_record_tx(store_, id);
         std::optional<record> locked = t->lock(id);
         if (!locked) {  // purged between the read and the lock
           t->rollback();
@@ -664,8 +672,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
           t->take_lease(id, owner, locked->attempts + 1, terms);
           attempt_number = locked->attempts + 1;
         }
+        t->commit();
       }
-      t->commit();
     } catch (const storage_error& e) {
       // Nothing happened, or (in doubt) a lease may have landed: release it
       // so the retry need not wait for the lease to expire.

@@ -206,7 +206,9 @@ record_sql::record_sql(const sql_dialect& d) {
 }
 
 record_tx::record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql)
-    : t_(std::move(t)), sql_(sql) {}
+    : owned_(std::move(t)), t_(owned_.get()), sql_(sql) {}
+
+record_tx::record_tx(backend_tx& t, const record_sql& sql) : t_(&t), sql_(sql) {}
 
 bool record_tx::insert(const request_id& id, std::string_view owner, const lease_terms& t,
                        std::string_view handler, int handler_version) {
@@ -362,6 +364,13 @@ bool record_tx::resolve(const request_id& id, record_state s, const response& r,
 
 std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id) {
   return std::make_unique<record_tx>(s.backend().begin(s.shard_of(id)), s.statements());
+}
+
+void transact(store& s, const request_id& id, const std::function<void(record_tx&)>& body) {
+  s.backend().transact(s.shard_of(id), [&](backend_tx& t) {
+    record_tx r(t, s.statements());
+    body(r);
+  });
 }
 
 }  // namespace orpheus::detail

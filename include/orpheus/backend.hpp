@@ -111,6 +111,19 @@ class store_backend {
 
   /// Opens a transaction on `shard` (< shard_count()).
   virtual std::unique_ptr<backend_tx> begin(std::size_t shard) = 0;
+  /// Runs `body` in one transaction on `shard`, then commits it: begin(),
+  /// body, commit(), which is what this default does. If `body` throws, the
+  /// transaction is rolled back and the exception is rethrown. `body` must not
+  /// call commit() or rollback(). A backend may run `body` on another thread
+  /// (SQLite runs it on its writer thread, inside a batch, so that the caller
+  /// waits once, for the commit, and not for a turn on the connection); it
+  /// returns or throws only once `body` has returned, so `body` may refer to
+  /// the caller's stack. Errors as begin() and commit().
+  virtual void transact(std::size_t shard, const std::function<void(backend_tx&)>& body) {
+    const std::unique_ptr<backend_tx> t = begin(shard);
+    body(*t);
+    t->commit();
+  }
   /// Runs one read outside any transaction (autocommit) on `shard`'s master.
   /// It changes nothing, so a backend may retry it once on a fresh
   /// connection.

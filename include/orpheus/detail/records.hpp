@@ -3,6 +3,7 @@
 // it; applications get orpheus::transaction, which cannot reach these calls.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,6 +65,8 @@ struct record_sql {
 class record_tx {
  public:
   record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql);
+  /// On a transaction the caller owns and ends (transact()).
+  record_tx(backend_tx& t, const record_sql& sql);
 
   /// Inserts a new in-progress record with a lease held by `owner`, attempt 1.
   /// Returns false, changing nothing, when the key already has a record.
@@ -141,11 +144,19 @@ class record_tx {
   [[nodiscard]] backend_tx& statements() noexcept { return *t_; }
 
  private:
-  std::unique_ptr<backend_tx> t_;
+  std::unique_ptr<backend_tx> owned_;
+  backend_tx* t_;
   const record_sql& sql_;
 };
 
 /// Opens a record transaction on the shard of `id`.
 std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id);
+
+/// Runs `body` in one record transaction on the shard of `id` and commits it
+/// (store_backend::transact: on SQLite, on the writer thread). `body` must
+/// not commit or roll back: it throws to undo all it did, and the exception
+/// comes out of transact(). Use it for the transactions every request makes;
+/// begin_record_tx() for the rest.
+void transact(store& s, const request_id& id, const std::function<void(record_tx&)>& body);
 
 }  // namespace orpheus::detail

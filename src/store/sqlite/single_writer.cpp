@@ -12,13 +12,33 @@ namespace {
 // memory, not a working set.
 constexpr std::size_t failures_kept = 4096;
 
+storage_error waited_for_writer(std::size_t waiting) {
+  return storage_error::transient("sqlite: waited busy_timeout for the writer connection (" +
+                                  std::to_string(waiting) + " waiting)");
+}
+
+storage_error batch_rolled_back() {
+  return storage_error::transient(
+      "sqlite: the database rolled the batch back after an error; nothing of it was committed");
+}
+
 }  // namespace
 
 single_writer::single_writer(const sqlite_options& o)
     : busy_timeout_(o.busy_timeout),
       max_batch_(o.max_batch),
       max_batch_age_(o.max_batch_age),
-      conn_(std::make_unique<connection>(o)) {}
+      conn_(std::make_unique<connection>(o)),
+      writer_([this] { writer_loop(); }) {}
+
+single_writer::~single_writer() {
+  {
+    const std::lock_guard lock(m_);
+    stopping_ = true;
+  }
+  writer_wanted_.notify_one();
+  writer_.join();
+}
 
 bool single_writer::parker::sleep_until(clock::time_point until) {
   std::unique_lock lock(m);
@@ -33,13 +53,15 @@ void single_writer::parker::wake() {
   cv.notify_all();
 }
 
-void single_writer::take_turn(std::unique_lock<std::mutex>& lock) {
+void single_writer::take_turn(std::unique_lock<std::mutex>& lock,
+                              std::shared_ptr<parker>* waiting_as) {
   if (!taken_ && line_.empty()) {
     taken_ = true;
     return;
   }
   auto me = std::make_shared<parker>();
   line_.push_back(me);
+  if (waiting_as != nullptr) *waiting_as = me;
   const auto until = clock::now() + busy_timeout_;
   lock.unlock();
   me->sleep_until(until);
@@ -48,8 +70,7 @@ void single_writer::take_turn(std::unique_lock<std::mutex>& lock) {
   // the deadline; still on it means nobody gave it: leave the line.
   if (const auto it = std::find(line_.begin(), line_.end(), me); it != line_.end()) {
     line_.erase(it);
-    throw storage_error::transient("sqlite: waited busy_timeout for the writer connection (" +
-                                   std::to_string(line_.size() + 1) + " waiting)");
+    throw waited_for_writer(line_.size() + 1);
   }
 }
 
@@ -73,7 +94,184 @@ void single_writer::wake_and_unlock(std::unique_lock<std::mutex>& lock) {
 
 bool single_writer::has_waiter(std::unique_lock<std::mutex>&) const { return !line_.empty(); }
 
+void single_writer::run(const std::function<void(connection&)>& body) {
+  if (std::this_thread::get_id() == writer_.get_id()) {
+    throw storage_error::permanent(
+        "sqlite: a transaction begun inside another one on this store would wait for itself");
+  }
+  auto j = std::make_shared<job>();
+  j->body = &body;
+  std::unique_lock lock(m_);
+  if (stopping_) throw storage_error::transient("sqlite: the store is closing; nothing was run");
+  if (!jobs_gate_) jobs_gate_ = std::make_shared<parker>();
+  const std::shared_ptr<parker> gate = jobs_gate_;
+  jobs_.push_back(j);
+  const bool wake_writer = writer_idle_ && jobs_.size() == 1;
+  lock.unlock();
+  if (wake_writer) writer_wanted_.notify_one();
+
+  // One sleep, until the batch that ran the job finished (or busy_timeout).
+  gate->sleep_until(clock::now() + busy_timeout_);
+  lock.lock();
+  if (j->at == job::state::queued) {  // never run: nothing happened
+    std::erase(jobs_, j);
+    throw waited_for_writer(line_.size() + jobs_.size() + 1);
+  }
+  // The body may use this thread's stack: never return while it runs.
+  while (j->at == job::state::running) {
+    lock.unlock();
+    gate->sleep_until(clock::now() + std::chrono::milliseconds(20));
+    lock.lock();
+  }
+  if (finished_ < j->batch) {  // the first wait ran out while the job waited to run
+    lock.unlock();
+    gate->sleep_until(clock::now() + busy_timeout_);
+    lock.lock();
+  }
+  const bool done = finished_ >= j->batch;
+  std::optional<storage_error> batch_failure;
+  if (const auto f = failed_.find(j->batch); done && f != failed_.end()) batch_failure = f->second;
+  lock.unlock();
+  if (j->thrown) std::rethrow_exception(j->thrown);  // undone: its own outcome
+  if (j->own) throw *j->own;
+  if (!done) {
+    throw storage_error::transient(
+        "sqlite: the batch holding this commit did not finish within busy_timeout",
+        /*in_doubt=*/true);
+  }
+  if (batch_failure) throw *batch_failure;
+}
+
+void single_writer::writer_loop() {
+  std::unique_lock lock(m_);
+  for (;;) {
+    writer_idle_ = true;
+    writer_wanted_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    writer_idle_ = false;
+    if (jobs_.empty()) return;  // stopping, and nothing is left to run
+    try {
+      take_turn(lock, &writer_in_line_);
+      writer_in_line_.reset();
+    } catch (const storage_error&) {
+      writer_in_line_.reset();
+      continue;  // a thread member held the connection that long; each job has its deadline
+    }
+    if (!batch_open_) {
+      lock.unlock();
+      std::optional<storage_error> failure;
+      try {
+        conn_->exec("BEGIN IMMEDIATE");  // other processes: the busy timeout
+      } catch (const storage_error& e) {
+        failure = e;
+      }
+      lock.lock();
+      if (failure) {  // nothing ran: every queued job gets the error
+        for (auto& j : jobs_) {
+          j->at = job::state::ran;
+          j->own = failure;
+        }
+        jobs_.clear();
+        if (jobs_gate_) to_wake_.push_back(std::move(jobs_gate_));
+        jobs_gate_.reset();
+        pass_turn(lock);
+        wake_and_unlock(lock);
+        lock.lock();
+        continue;
+      }
+      batch_open_ = true;
+      ++batch_;
+      kept_ = 0;
+      batch_started_ = clock::now();
+      batch_gate_ = std::make_shared<parker>();
+    }
+    run_jobs(lock);
+    if (batch_open_) {
+      const bool hand_on =
+          has_waiter(lock) && kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_;
+      if (!hand_on) commit_batch(lock);
+    }
+    pass_turn(lock);
+    wake_and_unlock(lock);
+    lock.lock();
+  }
+}
+
+void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
+  while (!jobs_.empty() && batch_open_ && kept_ < max_batch_ &&
+         clock::now() - batch_started_ < max_batch_age_) {
+    std::vector<std::shared_ptr<job>> now;
+    now.swap(jobs_);
+    job_gates_.push_back(std::move(jobs_gate_));
+    jobs_gate_.reset();
+    const std::uint64_t batch = batch_;
+    for (auto& j : now) {
+      j->at = job::state::running;
+      j->batch = batch;
+    }
+    lock.unlock();
+    bool outer_lost = false;
+    std::size_t kept = 0;
+    for (auto& j : now) {
+      if (outer_lost) {  // not run: the batch is gone, and with it the savepoints
+        j->own = batch_rolled_back();
+        continue;
+      }
+      run_one(*j);
+      if (j->kept) ++kept;
+      outer_lost = sqlite3_get_autocommit(conn_->db()) != 0;
+    }
+    lock.lock();
+    for (auto& j : now) j->at = job::state::ran;
+    stats_.transactions += now.size();
+    stats_.rollbacks += now.size() - kept;
+    kept_ += kept;
+    if (outer_lost) {
+      // SQLite rolled the outer transaction back on its own: every member
+      // that committed into it lost its work.
+      finish_batch(lock, batch, batch_rolled_back());
+      return;
+    }
+  }
+}
+
+void single_writer::run_one(job& j) {
+  sqlite3* db = conn_->db();
+  try {
+    conn_->exec("SAVEPOINT orpheus_member");
+  } catch (const storage_error& e) {
+    j.own = e;
+    return;
+  }
+  try {
+    (*j.body)(*conn_);
+  } catch (...) {
+    j.thrown = std::current_exception();
+  }
+  bool kept = !j.thrown;
+  if (kept && sqlite3_get_autocommit(db) != 0) {  // the body's statements ended the batch
+    j.own = batch_rolled_back();
+    kept = false;
+  } else if (kept) {
+    try {
+      conn_->exec("RELEASE SAVEPOINT orpheus_member");
+    } catch (const storage_error& e) {
+      j.own = e;
+      kept = false;
+    }
+  }
+  if (sqlite3_get_autocommit(db) == 0 && !kept) {
+    // Undo this job alone; the savepoint must not stay open under the next.
+    sqlite3_exec(db, "ROLLBACK TO SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
+    sqlite3_exec(db, "RELEASE SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
+  }
+  j.kept = kept;
+}
+
 std::uint64_t single_writer::enter() {
+  if (std::this_thread::get_id() == writer_.get_id()) {
+    throw storage_error::permanent(
+        "sqlite: a transaction begun inside another one on this store would wait for itself");
+  }
   std::unique_lock lock(m_);
   take_turn(lock);
   try {
@@ -96,9 +294,7 @@ std::uint64_t single_writer::enter() {
     if (batch_open_ && sqlite3_get_autocommit(conn_->db()) != 0) {
       // The failure took the outer transaction with it: its members lost
       // their work, and the next member must open a new batch.
-      finish_batch(lock, batch_,
-                   storage_error::transient("sqlite: the database rolled the batch back after an "
-                                            "error; nothing of it was committed"));
+      finish_batch(lock, batch_, batch_rolled_back());
     }
     // An open batch with members that committed must still be finished by
     // someone: the next member, or this one now.
@@ -138,9 +334,7 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
   if (mine && !outer_alive) {
     // SQLite rolled the outer transaction back on its own: every member that
     // committed into it lost its work, and nothing of it was committed.
-    finish_batch(lock, batch,
-                 storage_error::transient("sqlite: the database rolled the batch back after an "
-                                          "error; nothing of it was committed"));
+    finish_batch(lock, batch, batch_rolled_back());
   } else if (mine) {
     if (kept) ++kept_;
     const bool hand_on =
@@ -206,9 +400,15 @@ void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t ba
   }
   if (batch_gate_) to_wake_.push_back(std::move(batch_gate_));
   batch_gate_.reset();
+  for (auto& g : job_gates_) to_wake_.push_back(std::move(g));
+  job_gates_.clear();
 }
 
 void single_writer::exclusively(const std::function<void(connection&)>& f) {
+  if (std::this_thread::get_id() == writer_.get_id()) {
+    throw storage_error::permanent(
+        "sqlite: a transaction begun inside another one on this store would wait for itself");
+  }
   std::unique_lock lock(m_);
   take_turn(lock);
   try {
@@ -229,7 +429,9 @@ void single_writer::exclusively(const std::function<void(connection&)>& f) {
 sqlite_writer_stats single_writer::stats() {
   std::unique_lock lock(m_);
   sqlite_writer_stats out = stats_;
-  out.waiting = line_.size();
+  // Transactions, not threads: the writer waits in line for the jobs.
+  out.waiting = jobs_.size() + line_.size() -
+                static_cast<std::size_t>(std::count(line_.begin(), line_.end(), writer_in_line_));
   return out;
 }
 

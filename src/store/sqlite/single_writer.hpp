@@ -24,8 +24,18 @@
 // a retryable one (nothing was committed), and the member that was running
 // is poisoned (see sqlite_store.cpp).
 //
+// Two kinds of member. A thread member (enter() ... leave()) runs its
+// statements on its own thread once its turn comes: it sleeps for its turn,
+// then for its batch. A job (run()) is handed to the writer's own thread,
+// which runs the jobs queued at once one after the other in its turn, each
+// in its savepoint, and the job's thread sleeps once, until its batch is
+// durable: on one CPU, every sleep is a context switch, and the turn was one
+// per transaction (issue 8). The library's hot transactions are jobs
+// (store_backend::transact); the others are thread members.
+//
 // Thread safety: all members are called from their own threads; the
-// connection is used only by the member whose turn it is.
+// connection is used only by the member whose turn it is (the writer thread
+// runs jobs in its turns).
 #pragma once
 
 #include <chrono>
@@ -33,11 +43,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "connection.hpp"
@@ -47,6 +59,21 @@ namespace orpheus::sqlite_detail {
 class single_writer {
  public:
   explicit single_writer(const sqlite_options& o);
+  /// Stops the writer thread; jobs still queued fail as retryable.
+  ~single_writer();
+  single_writer(const single_writer&) = delete;
+  single_writer& operator=(const single_writer&) = delete;
+
+  /// Runs `body` on the connection as one member of a batch, on the writer
+  /// thread, and returns once the batch holding it is durable: enter(),
+  /// body, leave() without this thread waiting for a turn. A body that
+  /// throws is undone alone (ROLLBACK TO its savepoint) and its exception is
+  /// rethrown here once its batch finished. Never returns while `body` runs.
+  /// Errors as enter() and leave(): waiting longer than busy_timeout to be
+  /// run is retryable (nothing ran); a batch not finished within busy_timeout
+  /// after the body is in doubt. From the writer thread itself (a body that
+  /// opens another transaction) it throws at once: it would wait for itself.
+  void run(const std::function<void(connection&)>& body);
 
   /// Takes this thread's turn (first come, first served; at most
   /// busy_timeout, else a retryable storage_error), opens a batch if none is
@@ -82,7 +109,24 @@ class single_writer {
     void wake();
   };
 
-  void take_turn(std::unique_lock<std::mutex>& lock);
+  // A job: a body and what became of it. Written under m_, except by the
+  // writer thread between taking it and finishing its batch.
+  struct job {
+    const std::function<void(connection&)>* body = nullptr;
+    enum class state { queued, running, ran } at = state::queued;
+    std::uint64_t batch = 0;           // the batch it ran in
+    bool kept = false;                 // its savepoint was released
+    std::exception_ptr thrown;         // what the body threw
+    std::optional<storage_error> own;  // its own SAVEPOINT or RELEASE failed
+  };
+  void writer_loop();
+  /// On the writer thread, in its turn, batch open: runs the queued jobs
+  /// while the batch may grow.
+  void run_jobs(std::unique_lock<std::mutex>& lock);
+  void run_one(job& j);
+
+  /// `waiting_as`, when given, is set to what this thread waits on in line.
+  void take_turn(std::unique_lock<std::mutex>& lock, std::shared_ptr<parker>* waiting_as = nullptr);
   void pass_turn(std::unique_lock<std::mutex>& lock);
   [[nodiscard]] bool has_waiter(std::unique_lock<std::mutex>& lock) const;
   void commit_batch(std::unique_lock<std::mutex>& lock);
@@ -118,6 +162,19 @@ class single_writer {
   clock::time_point batch_started_;
   std::map<std::uint64_t, storage_error> failed_;  // recent failed batches
   sqlite_writer_stats stats_;
+
+  // Jobs not yet run, in arrival order, and the gate their threads sleep on:
+  // the jobs queued together run together (the writer takes them all), and
+  // the gate is woken when the batch they ran in finishes.
+  std::vector<std::shared_ptr<job>> jobs_;
+  std::shared_ptr<parker> jobs_gate_;
+  // Gates of the jobs run in the open batch, woken when it finishes.
+  std::vector<std::shared_ptr<parker>> job_gates_;
+  std::condition_variable writer_wanted_;  // jobs_ became non-empty, or stop
+  bool writer_idle_ = false;               // the writer sleeps on writer_wanted_
+  bool stopping_ = false;
+  std::shared_ptr<parker> writer_in_line_;  // the writer's place in line_, if any
+  std::thread writer_;                      // last: started once everything above is
 };
 
 }  // namespace orpheus::sqlite_detail

@@ -101,18 +101,21 @@ struct read_pool {
   }
 };
 
-// One write transaction: a member of the single writer's current batch.
-class sqlite_tx final : public backend_tx {
+// The statements of one write transaction, on the writer's connection.
+//
+// SQLite may roll a whole transaction back on an error (I/O, full disk, out
+// of memory, some SQLITE_BUSY cases). Once that happened, a later statement
+// would run in autocommit mode and commit on its own: a fenced finish() would
+// record "succeeded" while the handler's writes are gone. So the transaction
+// is poisoned: every later statement and commit throws.
+class sqlite_statements : public backend_tx {
  public:
-  explicit sqlite_tx(single_writer& w) : w_(w), batch_(w.enter()) {}
-  sqlite_tx(const sqlite_tx&) = delete;
-  sqlite_tx& operator=(const sqlite_tx&) = delete;
-  ~sqlite_tx() override { rollback(); }
+  explicit sqlite_statements(connection& c) : c_(c) {}
 
   sql_rows query_values(std::string_view sql, std::span<const sql_value> p) override {
     check_alive();
     try {
-      return w_.conn().run(sql, p);
+      return c_.run(sql, p);
     } catch (const storage_error&) {
       note_if_rolled_back();
       throw;
@@ -121,13 +124,13 @@ class sqlite_tx final : public backend_tx {
   std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
     check_alive();
     try {
-      w_.conn().run(sql, p);
+      c_.run(sql, p);
     } catch (const storage_error&) {
       note_if_rolled_back();
       throw;
     }
     note_if_rolled_back();  // a ROLLBACK run as a statement ends it too
-    return static_cast<std::uint64_t>(sqlite3_changes(w_.conn().db()));
+    return static_cast<std::uint64_t>(sqlite3_changes(c_.db()));
   }
   std::size_t shard() const override { return 0; }
 
@@ -135,33 +138,8 @@ class sqlite_tx final : public backend_tx {
     return execute_values(sql, p) == 1;  // the dialect's ON CONFLICT DO NOTHING
   }
 
-  // Returns once the batch holding this transaction is durable.
-  void commit() override {
-    check_alive();
-    in_turn_ = false;
-    w_.leave(batch_, /*keep=*/true);
-  }
-
-  void rollback() noexcept override {
-    if (!in_turn_) return;
-    in_turn_ = false;
-    try {
-      w_.leave(batch_, /*keep=*/false);
-    } catch (...) {  // NOLINT(bugprone-empty-catch): an undone member has nothing to report
-    }
-  }
-
- private:
-  // SQLite may roll a whole transaction back on an error (I/O, full disk,
-  // out of memory, some SQLITE_BUSY cases). Once that happened, a later
-  // statement would run in autocommit mode and commit on its own: a fenced
-  // finish() would record "succeeded" while the handler's writes are gone.
-  // So the transaction is poisoned: every later statement and commit throws.
-  void note_if_rolled_back() {
-    if (in_turn_ && sqlite3_get_autocommit(w_.conn().db()) != 0) poisoned_ = true;
-  }
   void check_alive() {
-    if (!in_turn_) throw storage_error::permanent("sqlite: the transaction is already finished");
+    if (!open_) throw storage_error::permanent("sqlite: the transaction is already finished");
     note_if_rolled_back();
     if (poisoned_) {
       throw storage_error::transient(
@@ -170,10 +148,58 @@ class sqlite_tx final : public backend_tx {
     }
   }
 
+ protected:
+  void note_if_rolled_back() {
+    if (open_ && sqlite3_get_autocommit(c_.db()) != 0) poisoned_ = true;
+  }
+
+  connection& c_;
+  bool open_ = true;  // until commit() or rollback()
+  bool poisoned_ = false;
+};
+
+// A thread member of the single writer's current batch: this thread holds
+// the connection from construction to commit() or rollback().
+class sqlite_tx final : public sqlite_statements {
+ public:
+  explicit sqlite_tx(single_writer& w) : sqlite_statements(w.conn()), w_(w), batch_(w.enter()) {}
+  sqlite_tx(const sqlite_tx&) = delete;
+  sqlite_tx& operator=(const sqlite_tx&) = delete;
+  ~sqlite_tx() override { rollback(); }
+
+  // Returns once the batch holding this transaction is durable.
+  void commit() override {
+    check_alive();
+    open_ = false;
+    w_.leave(batch_, /*keep=*/true);
+  }
+
+  void rollback() noexcept override {
+    if (!open_) return;
+    open_ = false;
+    try {
+      w_.leave(batch_, /*keep=*/false);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): an undone member has nothing to report
+    }
+  }
+
+ private:
   single_writer& w_;
   std::uint64_t batch_;
-  bool in_turn_ = true;  // holds the writer until commit() or rollback()
-  bool poisoned_ = false;
+};
+
+// The transaction a body passed to transact() gets, on the writer thread:
+// the writer keeps its savepoint when the body returns and commits the
+// batch, so the body neither commits nor rolls back (it throws to undo).
+class sqlite_job_tx final : public sqlite_statements {
+ public:
+  using sqlite_statements::sqlite_statements;
+  void commit() override {
+    throw storage_error::permanent("sqlite: commit() inside transact(): the store commits");
+  }
+  // Undoes the body: every later statement throws, and so does the end of
+  // the body (transact() then rolls the savepoint back).
+  void rollback() noexcept override { poisoned_ = true; }
 };
 
 // A session for migrations: the writer's connection, outside any batch.
@@ -216,6 +242,17 @@ class sqlite_backend final : public store_backend {
   std::unique_ptr<backend_tx> begin(std::size_t shard) override {
     check(shard);
     return std::make_unique<sqlite_tx>(*writer_);
+  }
+
+  // On the writer thread, as one member of its batch: the calling thread
+  // waits once, for the batch's commit, and not for a turn on the connection.
+  void transact(std::size_t shard, const std::function<void(backend_tx&)>& body) override {
+    check(shard);
+    writer_->run([&](connection& c) {
+      sqlite_job_tx t(c);
+      body(t);
+      t.check_alive();  // a body that rolled back, or lost its batch, keeps nothing
+    });
   }
 
   sql_rows read(std::size_t shard, std::string_view sql,
