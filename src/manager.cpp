@@ -537,46 +537,50 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
       if (!seen) {
         // A new request, in the transaction every new key makes: a job of
         // the backend (transact), which commits it. Throwing undoes it.
-        bool inserted = false;
-        detail::transact(store_, id, [&](detail::record_tx& t) {
-          if (!t.insert(id, owner, terms, ctx.handler, ctx.handler_version)) return;
-          inserted = true;
-          app_tx handler_tx(t);
-          // Pre-RPC runs here, once per key, with the lease row.
-          nlohmann::json pre;
-          try {
-            pre = p.pre(handler_tx);
-          } catch (const storage_error&) {
-            throw;
-          } catch (...) {
-            throw error(classify(std::current_exception(), config_.unclassified));
-          }
-          const std::string stored = detail::encode_pre_state(pre);
-          // The RPC gets what a retry would get: the stored form, read back.
-          // A result whose JSON does not read back as its type (a NaN, an
-          // asymmetric to_json) is a handler bug: roll back, nothing happened.
-          try {
-            p.load(detail::decode_pre_state(stored).value());
-          } catch (const std::exception& e) {
-            const error_info why =
-                error_info::of(error_class::internal, codes::pre_state_unreadable,
-                               "the Pre-RPC result does not read back as its own type")
-                    .with_internal(e.what());
-            log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(why));
-            throw error(why);
-          }
-          if (p.flow) progress = detail::progress{step_names(*p.flow), p.flow->pivot, {}, {}, {}};
-          // A multi-step request's Pre-RPC result is stored with a prefix
-          // that no single-RPC reader (of this or an older version) can
-          // read: such a reader never resumes it as one RPC.
-          if (!t.save_pre_state(
-                  id, owner,
-                  progress ? std::string(detail::steps_pre_state_prefix) + stored : stored,
-                  progress ? detail::encode_progress(*progress) : "")) {
-            throw storage_error::permanent("lease row vanished inside its own transaction");
-          }
-        });
-        if (!inserted) continue;  // someone inserted first: re-read
+        struct inserted_first {};  // by another request: undo, read again
+        try {
+          detail::transact(store_, id, [&](detail::record_tx& t) {
+            if (!t.insert(id, owner, terms, ctx.handler, ctx.handler_version)) {
+              throw inserted_first{};
+            }
+            app_tx handler_tx(t);
+            // Pre-RPC runs here, once per key, with the lease row.
+            nlohmann::json pre;
+            try {
+              pre = p.pre(handler_tx);
+            } catch (const storage_error&) {
+              throw;
+            } catch (...) {
+              throw error(classify(std::current_exception(), config_.unclassified));
+            }
+            const std::string stored = detail::encode_pre_state(pre);
+            // The RPC gets what a retry would get: the stored form, read back.
+            // A result whose JSON does not read back as its type (a NaN, an
+            // asymmetric to_json) is a handler bug: roll back, nothing happened.
+            try {
+              p.load(detail::decode_pre_state(stored).value());
+            } catch (const std::exception& e) {
+              const error_info why =
+                  error_info::of(error_class::internal, codes::pre_state_unreadable,
+                                 "the Pre-RPC result does not read back as its own type")
+                      .with_internal(e.what());
+              log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(why));
+              throw error(why);
+            }
+            if (p.flow) progress = detail::progress{step_names(*p.flow), p.flow->pivot, {}, {}, {}};
+            // A multi-step request's Pre-RPC result is stored with a prefix
+            // that no single-RPC reader (of this or an older version) can
+            // read: such a reader never resumes it as one RPC.
+            if (!t.save_pre_state(
+                    id, owner,
+                    progress ? std::string(detail::steps_pre_state_prefix) + stored : stored,
+                    progress ? detail::encode_progress(*progress) : "")) {
+              throw storage_error::permanent("lease row vanished inside its own transaction");
+            }
+          });
+        } catch (const inserted_first&) {
+          continue;
+        }
         attempt_number = 1;
       } else {
         auto t = detail::begin_record_tx(store_, id);

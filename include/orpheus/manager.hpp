@@ -67,7 +67,13 @@
 // message clients see.
 //
 // Thread safety: process() may be called from any number of threads at once.
-// The store must outlive the manager.
+// The store must outlive the manager. Pre-RPC (of a new key), Post-RPC and a
+// step's SQL run inside the store's transaction, which a backend may run on
+// a thread of its own (store_backend::transact): the SQLite store runs them
+// on its writer thread while the caller's thread waits. So they must not
+// rely on the caller's thread (thread-locals, a lock the caller holds) and
+// must not begin another transaction on the same store (a non-retryable
+// storage_error). The RPC always runs on the caller's thread.
 #pragma once
 
 #include <chrono>

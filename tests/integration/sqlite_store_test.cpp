@@ -157,6 +157,138 @@ std::unique_ptr<sqlite_store> store_with_table(
   return s;
 }
 
+// A transaction the store runs as a job on its writer thread (transact(),
+// as every request's two transactions are): inserts `id`, then runs `then`.
+void insert_as_job(sqlite_store& s, const std::string& id,
+                   const std::function<void(backend_tx&)>& then = {}) {
+  s.backend().transact(0, [&](backend_tx& t) {
+    insert_row(t, id);
+    if (then) then(t);
+  });
+}
+
+// Issue 8 (jobs): jobs queued together share the writer's batch; one that
+// throws is undone alone and its caller gets what it threw; the others'
+// rows commit.
+TEST(SqliteStore, JobsShareABatchAndOneThatThrowsIsUndoneAlone) {
+  auto s = store_with_table();
+  const auto before = s->writer_stats();
+  auto hold = s->begin_on_shard(0);  // a thread member holds the writer: the jobs queue
+  std::vector<std::future<void>> jobs;
+  for (const std::string id : {"j1", "j2", "j3"}) {
+    jobs.push_back(std::async(std::launch::async, [&, id] {
+      if (id == "j2") {
+        EXPECT_THROW(insert_as_job(*s, id, [](backend_tx&) { throw std::runtime_error("no"); }),
+                     std::runtime_error);
+      } else {
+        insert_as_job(*s, id);
+      }
+    }));
+  }
+  await_waiting(*s, 3);
+  hold->rollback();
+  for (auto& j : jobs) join_within(std::chrono::seconds(60), j);
+  const auto after = s->writer_stats();
+  EXPECT_EQ(after.transactions - before.transactions, 4U);
+  EXPECT_EQ(after.commits - before.commits, 1U) << "the three jobs share one COMMIT";
+  EXPECT_TRUE(row_exists(*s, "j1"));
+  EXPECT_FALSE(row_exists(*s, "j2")) << "the job that threw keeps nothing";
+  EXPECT_TRUE(row_exists(*s, "j3"));
+}
+
+// Found in review: with max_batch_age 0 the writer opened and rolled back
+// empty batches forever and no job ran. The writer always runs the jobs it
+// queued for, as a thread member always joins the batch it is handed.
+TEST(SqliteStore, JobsRunWithAMaxBatchAgeOfZero) {
+  sqlite_store s({.path = fresh_path(), .max_batch_age = std::chrono::microseconds(0)});
+  s.migrate();
+  s.backend().transact(0, [](backend_tx& t) { t.execute("CREATE TABLE gc_rows (id TEXT)"); });
+  within(std::chrono::seconds(60), [&] {
+    insert_as_job(s, "z");
+    return 0;
+  });
+  EXPECT_TRUE(row_exists(s, "z"));
+}
+
+// Found in review: max_batch 1 means every transaction commits alone, jobs
+// too (a round took every job queued).
+TEST(SqliteStore, MaxBatchBoundsTheJobsOfABatch) {
+  auto s = store_with_table(/*max_batch=*/1);
+  const auto before = s->writer_stats();
+  auto hold = s->begin_on_shard(0);
+  std::vector<std::future<void>> jobs;
+  for (const std::string id : {"m1", "m2", "m3"}) {
+    jobs.push_back(std::async(std::launch::async, [&, id] { insert_as_job(*s, id); }));
+  }
+  await_waiting(*s, 3);
+  hold->rollback();
+  for (auto& j : jobs) join_within(std::chrono::seconds(60), j);
+  EXPECT_EQ(s->writer_stats().commits - before.commits, 3U) << "one COMMIT per job";
+  for (const std::string id : {"m1", "m2", "m3"}) EXPECT_TRUE(row_exists(*s, id)) << id;
+}
+
+// Found in review: a job whose body is slow held every job taken with it
+// without a bound. A job that has not started when busy_timeout passes is
+// given up, retryable and not in doubt, and never runs; the slow one still
+// commits.
+TEST(SqliteStore, AJobQueuedBehindASlowOneGivesUpRetryableAndNeverRuns) {
+  auto s = store_with_table(64, std::chrono::milliseconds(300));
+  auto hold = s->begin_on_shard(0);
+  std::promise<void> slow_started;
+  std::promise<void> release_p;
+  std::shared_future<void> release = release_p.get_future().share();
+  auto slow = std::async(std::launch::async, [&] {
+    insert_as_job(*s, "slow", [&](backend_tx&) {
+      slow_started.set_value();
+      release.wait();
+    });
+  });
+  await_waiting(*s, 1);
+  auto queued = std::async(std::launch::async, [&] {
+    try {
+      insert_as_job(*s, "queued");
+      ADD_FAILURE() << "a job behind a stuck one reported success";
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.retryable());
+      EXPECT_FALSE(e.in_doubt()) << "it never started: nothing happened";
+    }
+  });
+  await_waiting(*s, 2);
+  hold->rollback();  // the writer takes both in one round; the first blocks
+  slow_started.get_future().wait();
+  join_within(std::chrono::seconds(60), queued);  // gives up while "slow" still runs
+  release_p.set_value();
+  join_within(std::chrono::seconds(60), slow);
+  EXPECT_TRUE(row_exists(*s, "slow"));
+  EXPECT_FALSE(row_exists(*s, "queued"));
+}
+
+// A job whose statements end the writer's batch (what SQLite does on its own
+// after some errors) keeps nothing, and its caller is told so: retryable,
+// not in doubt. Nothing of it runs in autocommit mode.
+TEST(SqliteStore, AJobThatLosesTheBatchKeepsNothing) {
+  auto s = store_with_table();
+  try {
+    insert_as_job(*s, "lost", [](backend_tx& t) { t.execute("ROLLBACK"); });
+    ADD_FAILURE() << "a job whose batch was rolled back reported success";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_FALSE(e.in_doubt());
+  }
+  EXPECT_FALSE(row_exists(*s, "lost"));
+  insert_as_job(*s, "next");  // the writer goes on with a new batch
+  EXPECT_TRUE(row_exists(*s, "next"));
+}
+
+// A job that opens another transaction on its own store would wait for
+// itself: refused at once, not after busy_timeout.
+TEST(SqliteStore, ATransactionBegunInsideAJobIsRefused) {
+  auto s = store_with_table();
+  EXPECT_THROW(insert_as_job(*s, "outer", [&](backend_tx&) { s->begin_on_shard(0); }),
+               storage_error);
+  EXPECT_FALSE(row_exists(*s, "outer"));
+}
+
 // Issue 8.1: transactions that end while others wait share one COMMIT (one
 // fsync); a transaction rolled back inside the batch undoes only its own
 // writes; and commit() returns only after the shared COMMIT.
@@ -529,6 +661,19 @@ TEST(SqliteStore, AnInDoubtOutcomeWhosePostRpcThrowsKeepsTheLease) {
     EXPECT_EQ(e.code(), codes::in_progress);
   }
   EXPECT_EQ(retry_rpc, 0);
+}
+
+// Bad options are refused before anything is opened. A busy_timeout of 0
+// left no time to wait for a batch's COMMIT: every transaction that did not
+// commit its batch itself was in doubt (found in review).
+TEST(SqliteStore, BadOptionsAreRefused) {
+  EXPECT_THROW(sqlite_store({.path = ""}), config_error);
+  EXPECT_THROW(sqlite_store({.path = fresh_path(), .busy_timeout = std::chrono::milliseconds(0)}),
+               config_error);
+  EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_connections = 0}), config_error);
+  EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_batch = 0}), config_error);
+  EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_batch_age = std::chrono::microseconds(-1)}),
+               config_error);
 }
 
 // Issue 7.14: the journal mode was set and never checked.

@@ -104,28 +104,38 @@ void single_writer::run(const std::function<void(connection&)>& body) {
   std::unique_lock lock(m_);
   if (stopping_) throw storage_error::transient("sqlite: the store is closing; nothing was run");
   if (!jobs_gate_) jobs_gate_ = std::make_shared<parker>();
-  const std::shared_ptr<parker> gate = jobs_gate_;
+  j->gate = jobs_gate_;
   jobs_.push_back(j);
   const bool wake_writer = writer_idle_ && jobs_.size() == 1;
   lock.unlock();
   if (wake_writer) writer_wanted_.notify_one();
 
-  // One sleep, until the batch that ran the job finished (or busy_timeout).
-  gate->sleep_until(clock::now() + busy_timeout_);
+  // One sleep, until the batch that ran the job finished. A job left behind
+  // by a full batch is given a new gate and sleeps again.
+  const auto until = clock::now() + busy_timeout_;
   lock.lock();
-  if (j->at == job::state::queued) {  // never run: nothing happened
-    std::erase(jobs_, j);
-    throw waited_for_writer(line_.size() + jobs_.size() + 1);
+  while (j->at == job::state::queued) {
+    if (clock::now() >= until) {  // never started: nothing happened
+      j->at = job::state::abandoned;
+      std::erase(jobs_, j);
+      throw waited_for_writer(line_.size() + jobs_.size() + 1);
+    }
+    const std::shared_ptr<parker> gate = j->gate;
+    lock.unlock();
+    gate->sleep_until(until);
+    lock.lock();
   }
   // The body may use this thread's stack: never return while it runs.
   while (j->at == job::state::running) {
+    const std::shared_ptr<parker> gate = j->gate;
     lock.unlock();
     gate->sleep_until(clock::now() + std::chrono::milliseconds(20));
     lock.lock();
   }
-  if (finished_ < j->batch) {  // the first wait ran out while the job waited to run
+  if (finished_ < j->batch) {  // like leave(): at most busy_timeout after the body
+    const std::shared_ptr<parker> gate = j->gate;
     lock.unlock();
-    gate->sleep_until(clock::now() + busy_timeout_);
+    gate->sleep_until(std::max(until, clock::now() + busy_timeout_));
     lock.lock();
   }
   const bool done = finished_ >= j->batch;
@@ -196,35 +206,57 @@ void single_writer::writer_loop() {
   }
 }
 
+// Rounds of the jobs queued, each job in its savepoint, while the batch may
+// grow. The first round always runs, as a thread member always joins the
+// batch it is handed (a batch handed on full or old still takes one round).
 void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
-  while (!jobs_.empty() && batch_open_ && kept_ < max_batch_ &&
-         clock::now() - batch_started_ < max_batch_age_) {
-    std::vector<std::shared_ptr<job>> now;
-    now.swap(jobs_);
-    job_gates_.push_back(std::move(jobs_gate_));
-    jobs_gate_.reset();
-    const std::uint64_t batch = batch_;
-    for (auto& j : now) {
-      j->at = job::state::running;
-      j->batch = batch;
+  bool first = true;
+  while (!jobs_.empty() && batch_open_ &&
+         (first || (kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_))) {
+    first = false;
+    // At most what max_batch leaves (at least one); the rest wait for the
+    // next batch, on a gate of their own.
+    const std::size_t room = std::max<std::size_t>(1, max_batch_ > kept_ ? max_batch_ - kept_ : 0);
+    std::vector<std::shared_ptr<job>> round;
+    if (jobs_.size() <= room) {
+      round.swap(jobs_);
+      job_gates_.push_back(std::move(jobs_gate_));
+      jobs_gate_.reset();
+    } else {
+      // Split: each part gets a gate of its own, and the callers of both,
+      // asleep on the old one, wake once and sleep again on theirs.
+      const auto cut = jobs_.begin() + static_cast<std::ptrdiff_t>(room);
+      round.assign(jobs_.begin(), cut);
+      jobs_.erase(jobs_.begin(), cut);
+      to_wake_.push_back(std::move(jobs_gate_));
+      job_gates_.push_back(std::make_shared<parker>());
+      for (auto& j : round) j->gate = job_gates_.back();
+      jobs_gate_ = std::make_shared<parker>();
+      for (auto& j : jobs_) j->gate = jobs_gate_;
     }
-    lock.unlock();
+    const std::uint64_t batch = batch_;
     bool outer_lost = false;
-    std::size_t kept = 0;
-    for (auto& j : now) {
+    for (auto& j : round) {
+      if (j->at == job::state::abandoned) continue;  // its caller gave up before it started
       if (outer_lost) {  // not run: the batch is gone, and with it the savepoints
+        j->at = job::state::ran;
         j->own = batch_rolled_back();
         continue;
       }
+      j->at = job::state::running;
+      j->batch = batch;
+      lock.unlock();
       run_one(*j);
-      if (j->kept) ++kept;
       outer_lost = sqlite3_get_autocommit(conn_->db()) != 0;
+      lock.lock();
+      j->at = job::state::ran;
+      ++stats_.transactions;
+      if (j->kept) {
+        ++kept_;
+      } else {
+        ++stats_.rollbacks;
+      }
     }
-    lock.lock();
-    for (auto& j : now) j->at = job::state::ran;
-    stats_.transactions += now.size();
-    stats_.rollbacks += now.size() - kept;
-    kept_ += kept;
     if (outer_lost) {
       // SQLite rolled the outer transaction back on its own: every member
       // that committed into it lost its work.
@@ -259,11 +291,7 @@ void single_writer::run_one(job& j) {
       kept = false;
     }
   }
-  if (sqlite3_get_autocommit(db) == 0 && !kept) {
-    // Undo this job alone; the savepoint must not stay open under the next.
-    sqlite3_exec(db, "ROLLBACK TO SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
-    sqlite3_exec(db, "RELEASE SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
-  }
+  if (!kept) undo_member();
   j.kept = kept;
 }
 
@@ -319,12 +347,7 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
       kept = false;
     }
   }
-  if (sqlite3_get_autocommit(db) == 0 && !kept) {
-    // Undo this member alone; the savepoint must not stay open under the
-    // next member either.
-    sqlite3_exec(db, "ROLLBACK TO SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
-    sqlite3_exec(db, "RELEASE SAVEPOINT orpheus_member", nullptr, nullptr, nullptr);
-  }
+  if (!kept) undo_member();
   outer_alive = sqlite3_get_autocommit(db) == 0;
 
   std::unique_lock lock(m_);
@@ -366,6 +389,21 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
         /*in_doubt=*/true);
   }
   if (batch_failure) throw *batch_failure;
+}
+
+// Undoes the member whose turn it is, alone; its savepoint must not stay
+// open under the next member either. If SQLite cannot undo it alone, the
+// whole batch goes (nothing of it is committed, and the caller sees the
+// outer transaction gone): a member's partial writes are never kept.
+void single_writer::undo_member() {
+  sqlite3* db = conn_->db();
+  if (sqlite3_get_autocommit(db) != 0) return;  // the batch is gone already
+  if (sqlite3_exec(db, "ROLLBACK TO SAVEPOINT orpheus_member", nullptr, nullptr, nullptr) !=
+          SQLITE_OK ||
+      sqlite3_exec(db, "RELEASE SAVEPOINT orpheus_member", nullptr, nullptr, nullptr) !=
+          SQLITE_OK) {
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
 }
 
 void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {

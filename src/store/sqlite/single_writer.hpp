@@ -59,7 +59,7 @@ namespace orpheus::sqlite_detail {
 class single_writer {
  public:
   explicit single_writer(const sqlite_options& o);
-  /// Stops the writer thread; jobs still queued fail as retryable.
+  /// Runs the jobs still queued, then stops the writer thread.
   ~single_writer();
   single_writer(const single_writer&) = delete;
   single_writer& operator=(const single_writer&) = delete;
@@ -113,7 +113,10 @@ class single_writer {
   // writer thread between taking it and finishing its batch.
   struct job {
     const std::function<void(connection&)>* body = nullptr;
-    enum class state { queued, running, ran } at = state::queued;
+    // queued: in jobs_, or taken into a round and not started; abandoned:
+    // its caller gave up while it was queued (it never runs).
+    enum class state { queued, abandoned, running, ran } at = state::queued;
+    std::shared_ptr<parker> gate;      // what its caller sleeps on
     std::uint64_t batch = 0;           // the batch it ran in
     bool kept = false;                 // its savepoint was released
     std::exception_ptr thrown;         // what the body threw
@@ -124,6 +127,7 @@ class single_writer {
   /// while the batch may grow.
   void run_jobs(std::unique_lock<std::mutex>& lock);
   void run_one(job& j);
+  void undo_member();
 
   /// `waiting_as`, when given, is set to what this thread waits on in line.
   void take_turn(std::unique_lock<std::mutex>& lock, std::shared_ptr<parker>* waiting_as = nullptr);

@@ -293,7 +293,10 @@ class sqlite_backend final : public store_backend {
 std::unique_ptr<store_backend> open_sqlite(sqlite_options options) {
   if (options.path.empty()) throw config_error("sqlite_store: path is empty");
   if (options.max_connections == 0) throw config_error("sqlite_store: max_connections is 0");
-  if (options.busy_timeout.count() < 0) throw config_error("sqlite_store: negative busy_timeout");
+  // Positive: a transaction waits up to busy_timeout for its batch's COMMIT.
+  if (options.busy_timeout.count() <= 0) {
+    throw config_error("sqlite_store: busy_timeout must be positive");
+  }
   if (options.max_batch == 0) throw config_error("sqlite_store: max_batch is 0");
   if (options.max_batch_age.count() < 0) throw config_error("sqlite_store: negative max_batch_age");
   return std::make_unique<sqlite_backend>(std::move(options));
