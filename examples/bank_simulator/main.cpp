@@ -1,7 +1,7 @@
 // A downstream bank over HTTP, with the faults that make payments hard.
 // See --help. Its ledger answers "was this payment charged twice?".
 #include <iostream>
-#include <map>
+#include <unordered_map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -276,12 +276,12 @@ class bank {
   double fail_, drop_, decline_, capture_decline_;
   bool dedup_;
   std::mt19937_64 rng_;
-  std::map<std::string, outcome> by_key_;
-  std::map<std::string, int> charged_refs_;
+  std::unordered_map<std::string, outcome> by_key_;
+  std::unordered_map<std::string, int> charged_refs_;
   nlohmann::json made_ = nlohmann::json::array();  // every charge, for GET /charges
-  std::map<std::string, authorisation> auths_;
-  std::map<std::string, outcome> answered_;  // (operation, key) -> first answer
-  std::map<std::string, int> notified_;      // reference -> notifications
+  std::unordered_map<std::string, authorisation> auths_;
+  std::unordered_map<std::string, outcome> answered_;  // (operation, key) -> first answer
+  std::unordered_map<std::string, int> notified_;      // reference -> notifications
   long charges_ = 0;
 };
 

@@ -6,7 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
-#include <map>
+#include <unordered_map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -76,8 +76,8 @@ class inproc_bank final : public orpheus::payment::gateway {
 
  private:
   std::mutex m_;
-  std::map<std::string, std::string> by_key_;
-  std::map<std::string, int> charged_refs_;
+  std::unordered_map<std::string, std::string> by_key_;
+  std::unordered_map<std::string, int> charged_refs_;
   long charges_ = 0;
 };
 
