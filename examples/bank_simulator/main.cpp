@@ -1,12 +1,12 @@
 // A downstream bank over HTTP, with the faults that make payments hard.
 // See --help. Its ledger answers "was this payment charged twice?".
 #include <iostream>
-#include <unordered_map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "../common/flags.hpp"
 #include "../common/stop_signals.hpp"

@@ -6,10 +6,10 @@
 
 #include <chrono>
 #include <cstddef>
-#include <unordered_map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 
 #include "orpheus/beast/client.hpp"
 #include "orpheus/payment/charge.hpp"

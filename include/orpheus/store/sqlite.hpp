@@ -15,9 +15,9 @@
 // Pre-RPC, and the record with its Post-RPC) run on the store's writer
 // thread, queued jobs one after the other, while the request's thread waits
 // once, for the commit: Pre-RPC and Post-RPC code then runs on that thread,
-// not the caller's, and must not begin another transaction on this store. Other processes on the same file wait up to busy_timeout for the
-// file lock. Reads (the replay fast path) use a pool of connections beside
-// the writer. Timestamps come from SQLite's clock, which here is the host's
+// not the caller's, and must not begin another transaction on this store. Other processes on the
+// same file wait up to busy_timeout for the file lock. Reads (the replay fast path) use a pool of
+// connections beside the writer. Timestamps come from SQLite's clock, which here is the host's
 // clock: with one file there is only one host.
 //
 // Errors: SQLITE_BUSY/LOCKED (another writer past busy_timeout), I/O errors
