@@ -3,8 +3,12 @@
 #include "orpheus/beast/client.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
+#include <array>
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -81,15 +85,14 @@ http_endpoint parse_http_url(std::string_view url) {
 
 namespace {
 
-// An open connection to one endpoint. Touched only on the io thread.
+// An open connection to one endpoint: used by one call at a time, on the io
+// thread or (send() on an idle one) on the caller's thread.
 struct connection {
-  explicit connection(net::io_context& ioc) : stream(ioc), idle_timer(ioc) {}
+  explicit connection(net::io_context& ioc) : stream(ioc) {}
   boost::beast::tcp_stream stream;
   boost::beast::flat_buffer buffer;
-  net::steady_timer idle_timer;
-  // Bumped whenever the connection leaves the pool, so that an idle timer
-  // that fires late cannot close a connection in use again.
-  std::uint64_t idle_turn = 0;
+  steady::time_point idle_since;  // when it went back to the pool
+  bool on_caller_thread = false;  // under pool_m: a send() is using it on its own thread
 };
 using connection_ptr = std::shared_ptr<connection>;
 
@@ -143,6 +146,100 @@ bool still_open(connection& c) {
   }
 }
 
+// A pooled connection's socket as Beast's synchronous streams see it, for
+// send() on the caller's thread: each read or write waits at most until the
+// call's deadline (poll), then fails with beast::error::timeout. The socket
+// stays as Asio left it (non-blocking); only this thread uses it meanwhile.
+class deadline_socket {
+ public:
+  deadline_socket(int fd, steady::time_point deadline) : fd_(fd), deadline_(deadline) {}
+
+  template <class Buffers>
+  std::size_t read_some(const Buffers& buffers, error_code& ec) {
+    // Beast reads into one buffer (a flat_buffer's prepare()).
+    const net::mutable_buffer b = *net::buffer_sequence_begin(buffers);
+    if (b.size() == 0) return done(ec, 0);  // not EOF: nothing was asked for
+    for (;;) {
+      const auto n = ::recv(fd_, b.data(), b.size(), MSG_DONTWAIT);
+      if (n > 0) return done(ec, n);
+      if (n == 0) {
+        ec = net::error::eof;
+        return 0;
+      }
+      if (!retry(POLLIN, ec)) return 0;
+    }
+  }
+  template <class Buffers>
+  std::size_t write_some(const Buffers& buffers, error_code& ec) {
+    // All the pieces (the serializer gives the header in several) in one
+    // sendmsg: one system call, and one segment with TCP_NODELAY.
+    std::array<iovec, 16> parts{};
+    std::size_t n_parts = 0;
+    for (auto it = net::buffer_sequence_begin(buffers);
+         it != net::buffer_sequence_end(buffers) && n_parts < parts.size(); ++it) {
+      const net::const_buffer b = *it;
+      if (b.size() == 0) continue;
+      parts[n_parts++] = iovec{const_cast<void*>(b.data()), b.size()};  // NOLINT: sendmsg's type
+    }
+    msghdr msg{};
+    msg.msg_iov = parts.data();
+    msg.msg_iovlen = n_parts;
+    for (;;) {
+      const auto n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n >= 0) return done(ec, n);
+      if (!retry(POLLOUT, ec)) return 0;
+    }
+  }
+  // The throwing forms the stream concepts ask for.
+  template <class Buffers>
+  std::size_t read_some(const Buffers& buffers) {
+    error_code ec;
+    const auto n = read_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+  template <class Buffers>
+  std::size_t write_some(const Buffers& buffers) {
+    error_code ec;
+    const auto n = write_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+
+ private:
+  static std::size_t done(error_code& ec, ssize_t n) {
+    ec = {};
+    return static_cast<std::size_t>(n);
+  }
+  // After a failed recv/send: true to try again (interrupted, or the socket
+  // became ready before the deadline); false with `ec` set otherwise.
+  bool retry(short events, error_code& ec) {
+    if (errno == EINTR) return true;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      ec = error_code(errno, boost::system::system_category());
+      return false;
+    }
+    for (;;) {
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline_ - steady::now()).count();
+      if (left <= 0) {
+        ec = boost::beast::error::timeout;
+        return false;
+      }
+      pollfd p{fd_, events, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 60'000)));
+      if (r > 0) return true;  // ready, or an error the next call reports
+      if (r < 0 && errno != EINTR) {
+        ec = error_code(errno, boost::system::system_category());
+        return false;
+      }
+    }
+  }
+
+  int fd_;
+  steady::time_point deadline_;
+};
+
 }  // namespace
 
 struct http_client::impl {
@@ -152,13 +249,19 @@ struct http_client::impl {
   http_client_options options;
   net::executor_work_guard<net::io_context::executor_type> work{net::make_work_guard(ioc)};
   std::thread thread;
+  net::steady_timer sweeper{ioc};  // closes connections idle past idle_timeout
 
   // The io thread's alone.
-  bool stopping = false;
-  std::unordered_map<std::string, endpoint_pool> pools;  // by "host:port"
-  std::unordered_set<connection*> live;                  // every open connection
   std::unordered_set<tcp::resolver*> lookups_running;
   std::unordered_map<std::string, cached_lookup> lookups;
+
+  // The pools, shared by the io thread and send() on callers' threads (which
+  // takes an idle connection and talks on it itself: no hand-off to the io
+  // thread and back, two context switches per call on a busy core).
+  std::mutex pool_m;
+  std::atomic<bool> stopping{false};
+  std::unordered_map<std::string, endpoint_pool> pools;  // by "host:port"
+  std::unordered_set<connection*> live;                  // every open connection
 
   // Any thread: the calls started and not yet called back.
   std::mutex m;
@@ -166,29 +269,60 @@ struct http_client::impl {
   std::size_t in_flight = 0;
 
   net::awaitable<http_response> call(http_endpoint to, http_request req,
-                                     steady::time_point deadline, delivery d);
+                                     steady::time_point deadline, delivery d, bool reuse);
   net::awaitable<connection_ptr> acquire(endpoint_pool& pool, const std::string& where,
-                                         steady::time_point deadline);
+                                         steady::time_point deadline, bool reuse);
   net::awaitable<connection_ptr> open(const http_endpoint& to, const std::string& where,
                                       steady::time_point deadline);
+  /// Under pool_m: takes an idle connection still usable (rule 1); those
+  /// found unusable leave the pool and go to `closing`, for the caller to
+  /// close (on the io thread: close(); elsewhere: close_on_io_thread()).
+  connection_ptr take_idle(endpoint_pool& pool, std::vector<connection_ptr>& closing);
+  /// A connection off the pool and out of `live`, closed on the io thread
+  /// (its stream's timer is the io thread's).
+  void close_on_io_thread(connection_ptr c);
+  /// The io thread's half of a call: `done` once, on the io thread.
+  void start_call(const http_endpoint& to, http_request req, steady::time_point deadline,
+                  delivery d, bool reuse, std::function<void(http_result)> done);
+  /// On the io thread.
   void give_back(endpoint_pool& pool, connection_ptr c);
+  /// On a caller's thread: gives back, or hands to the io thread a connection
+  /// or slot a waiter is owed.
+  void give_back_here(endpoint_pool& pool, connection_ptr c);
   void close(connection& c);
   void shutdown();
+  void sweep();
+  /// send() on the caller's thread, on an idle pooled connection. Returns
+  /// nothing when nothing of the request can have reached the server (no
+  /// idle connection, or rule 2, or rule 3 for delivery::idempotent): the
+  /// caller then sends it through the io thread, on a new connection.
+  /// `took` says whether a connection was taken (then a fallback must use a
+  /// new one and never re-send again).
+  std::optional<http_response> send_here(const http_endpoint& to, http_request& req,
+                                         steady::time_point deadline, delivery d, bool& took);
 };
 
 // One call, top to bottom. It holds one of the endpoint's connection slots
 // from step 1 to step 5, whether or not a connection is open in it.
+// `reuse`: false after send_here() gave up on a reused connection: then only
+// a new connection, and no re-send.
 net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_request req,
-                                                      steady::time_point deadline, delivery d) {
+                                                      steady::time_point deadline, delivery d,
+                                                      bool reuse) {
   const std::string host_port = to.host + ":" + std::to_string(to.port);
   const std::string where = "http://" + host_port;
   req.set(http::field::host, host_port);
   req.prepare_payload();
-  auto& pool = pools[host_port];  // unordered_map: references survive rehashing
+  endpoint_pool* pool_ptr = nullptr;
+  {
+    const std::lock_guard lock(pool_m);
+    pool_ptr = &pools[host_port];  // unordered_map: references survive rehashing
+  }
+  auto& pool = *pool_ptr;
 
   // 1. A pooled connection still open, or a free slot to open one (waiting
   //    for either within the deadline).
-  connection_ptr c = co_await acquire(pool, where, deadline);
+  connection_ptr c = co_await acquire(pool, where, deadline, reuse);
   try {
     for (;;) {
       const bool reused = c != nullptr;
@@ -244,34 +378,59 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
   }
 }
 
-net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
-                                                          const std::string& where,
-                                                          steady::time_point deadline) {
-  if (stopping) throw shutting_down(where);
-  // Idle connections, the most recently used first; one found closed by the
-  // server is replaced, and nothing was sent on it (rule 1).
+connection_ptr http_client::impl::take_idle(endpoint_pool& pool,
+                                            std::vector<connection_ptr>& closing) {
+  // The most recently used first. One idle too long (the sweeper has not
+  // come by yet), or closed by the server, is closed and replaced; nothing
+  // was sent on it (rule 1).
+  const auto now = steady::now();
   while (!pool.idle.empty()) {
     auto c = std::move(pool.idle.back());
     pool.idle.pop_back();
-    ++c->idle_turn;
-    c->idle_timer.cancel();
-    if (still_open(*c)) co_return c;
-    close(*c);
+    if (now - c->idle_since < options.idle_timeout && still_open(*c)) return c;
+    live.erase(c.get());
     --pool.open;
+    closing.push_back(std::move(c));
   }
-  if (pool.open < options.max_connections_per_endpoint) {
-    ++pool.open;
-    co_return nullptr;
-  }
-  // At the limit: wait in line for a connection or a slot given back.
+  return nullptr;
+}
+
+void http_client::impl::close_on_io_thread(connection_ptr c) {
+  net::post(ioc, [c = std::move(c)] { c->stream.close(); });
+}
+
+net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
+                                                          const std::string& where,
+                                                          steady::time_point deadline, bool reuse) {
   auto w = std::make_shared<waiter>(ioc);
-  w->timer.expires_at(deadline);
-  pool.waiters.push_back(w);
+  std::vector<connection_ptr> closing;
+  const struct closer {
+    std::vector<connection_ptr>& v;
+    ~closer() {
+      for (auto& c : v) c->stream.close();
+    }
+  } close_them{closing};
+  {
+    const std::lock_guard lock(pool_m);
+    if (stopping) throw shutting_down(where);
+    if (reuse) {
+      if (auto c = take_idle(pool, closing)) co_return c;
+    }
+    if (pool.open < options.max_connections_per_endpoint) {
+      ++pool.open;
+      co_return nullptr;
+    }
+    // At the limit: wait in line for a connection or a slot given back.
+    w->timer.expires_at(deadline);
+    pool.waiters.push_back(w);
+  }
   error_code ec;
   co_await w->timer.async_wait(net::redirect_error(net::use_awaitable, ec));
+  const std::lock_guard lock(pool_m);
   if (w->granted) {
-    if (w->conn && !still_open(*w->conn)) {
-      close(*w->conn);
+    if (w->conn && (!reuse || !still_open(*w->conn))) {
+      live.erase(w->conn.get());
+      w->conn->stream.close();
       w->conn.reset();  // keep the slot: open a new connection in it
     }
     co_return std::move(w->conn);
@@ -314,9 +473,12 @@ net::awaitable<connection_ptr> http_client::impl::open(const http_endpoint& to,
         lookups[key] = cached_lookup{addresses, now + options.lookup_cache_ttl};
     }
   }
-  if (stopping) throw shutting_down(where);
   auto c = std::make_shared<connection>(ioc);
-  live.insert(c.get());
+  {
+    const std::lock_guard lock(pool_m);
+    if (stopping) throw shutting_down(where);
+    live.insert(c.get());
+  }
   c->stream.expires_at(deadline);
   ec = {};
   co_await c->stream.async_connect(addresses, net::redirect_error(net::use_awaitable, ec));
@@ -334,6 +496,7 @@ net::awaitable<connection_ptr> http_client::impl::open(const http_endpoint& to,
 // `c`: a reusable connection, or null when the call's slot is free again.
 // The first waiter gets either; otherwise a connection goes idle.
 void http_client::impl::give_back(endpoint_pool& pool, connection_ptr c) {
+  const std::lock_guard lock(pool_m);
   if (!pool.waiters.empty()) {
     auto w = std::move(pool.waiters.front());
     pool.waiters.pop_front();
@@ -346,26 +509,73 @@ void http_client::impl::give_back(endpoint_pool& pool, connection_ptr c) {
     --pool.open;
     return;
   }
-  c->idle_timer.expires_after(options.idle_timeout);
-  c->idle_timer.async_wait([this, &pool, c, turn = c->idle_turn](const error_code& ec) {
-    if (ec || c->idle_turn != turn || stopping) return;
-    std::erase(pool.idle, c);
-    close(*c);
-    --pool.open;
-  });
+  c->idle_since = steady::now();
   pool.idle.push_back(std::move(c));
 }
 
+void http_client::impl::give_back_here(endpoint_pool& pool, connection_ptr c) {
+  {
+    const std::lock_guard lock(pool_m);
+    if (pool.waiters.empty()) {  // nobody to wake: no need for the io thread
+      if (!c) {
+        --pool.open;
+      } else {
+        c->idle_since = steady::now();
+        pool.idle.push_back(std::move(c));
+      }
+      return;
+    }
+  }
+  // A waiter's timer is the io thread's to cancel.
+  net::post(ioc, [this, &pool, c = std::move(c)]() mutable { give_back(pool, std::move(c)); });
+}
+
 void http_client::impl::close(connection& c) {
-  live.erase(&c);
-  c.idle_timer.cancel();
+  {
+    const std::lock_guard lock(pool_m);
+    live.erase(&c);
+  }
   c.stream.close();  // what is pending on it completes with operation_aborted
+}
+
+void http_client::impl::sweep() {
+  {
+    const std::lock_guard lock(pool_m);
+    if (stopping) return;
+    const auto now = steady::now();
+    for (auto& [host_port, pool] : pools) {
+      std::erase_if(pool.idle, [&](const connection_ptr& c) {
+        if (now - c->idle_since < options.idle_timeout) return false;
+        live.erase(c.get());
+        c->stream.close();
+        --pool.open;
+        return true;
+      });
+    }
+  }
+  // Often enough that no connection stays open much past idle_timeout (none
+  // is used past it: take_idle() checks).
+  sweeper.expires_after(std::max(std::chrono::milliseconds(5), options.idle_timeout / 8));
+  sweeper.async_wait([this](const error_code& ec) {
+    if (!ec) sweep();
+  });
 }
 
 // On the io thread: every call still running ends soon after this.
 void http_client::impl::shutdown() {
+  sweeper.cancel();
+  const std::lock_guard lock(pool_m);
   stopping = true;
-  for (auto* c : std::vector<connection*>(live.begin(), live.end())) close(*c);
+  for (auto* c : live) {
+    if (c->on_caller_thread) {
+      // Its caller is in poll() or recv() on it: wake it (EOF), and let it
+      // close the socket itself, so that no descriptor is closed under it.
+      ::shutdown(c->stream.socket().native_handle(), SHUT_RDWR);
+    } else {
+      c->stream.close();  // what is pending on it completes with operation_aborted
+    }
+  }
+  std::erase_if(live, [](connection* c) { return !c->on_caller_thread; });
   for (auto* r : lookups_running) r->cancel();
   for (auto& [host_port, pool] : pools) {
     pool.idle.clear();
@@ -373,9 +583,77 @@ void http_client::impl::shutdown() {
   }
 }
 
+std::optional<http_response> http_client::impl::send_here(const http_endpoint& to,
+                                                          http_request& req,
+                                                          steady::time_point deadline, delivery d,
+                                                          bool& took) {
+  const std::string host_port = to.host + ":" + std::to_string(to.port);
+  connection_ptr c;
+  endpoint_pool* pool = nullptr;
+  std::vector<connection_ptr> closing;
+  {
+    const std::lock_guard lock(pool_m);
+    if (stopping) return std::nullopt;  // the io thread's path says so
+    const auto it = pools.find(host_port);
+    if (it == pools.end()) return std::nullopt;
+    pool = &it->second;
+    c = take_idle(*pool, closing);
+    if (c) c->on_caller_thread = true;
+  }
+  for (auto& gone : closing) close_on_io_thread(std::move(gone));
+  if (!c) return std::nullopt;
+  took = true;
+  const std::string where = "http://" + host_port;
+  req.set(http::field::host, host_port);
+  req.prepare_payload();
+  // Ends the use of `c` on this thread: back to the pool, or closed (its
+  // slot then free). A connection shutdown() saw in use is closed here.
+  const auto finish = [&](bool keep) {
+    {
+      const std::lock_guard lock(pool_m);
+      c->on_caller_thread = false;
+      if (!keep || stopping) {
+        live.erase(c.get());
+        keep = false;
+      }
+    }
+    if (!keep) close_on_io_thread(c);
+    give_back_here(*pool, keep ? std::move(c) : nullptr);
+  };
+
+  deadline_socket io(c->stream.socket().native_handle(), deadline);
+  // 3. The request (rule 2: a write that fails on this reused connection
+  //    sent nothing the server can act on; the io thread sends it again).
+  error_code ec;
+  http::write(io, req, ec);
+  if (ec) {
+    finish(false);
+    if (!is_timeout(ec) && !stopping) return std::nullopt;
+    if (stopping) throw shutting_down(where);
+    throw failure(where, stage::write, ec);
+  }
+  // 4. The answer (rule 3: re-sent only for delivery::idempotent, when not a
+  //    byte came back).
+  http::response_parser<http::string_body> parser;
+  if (req.method() == http::verb::head) parser.skip(true);
+  http::read(io, c->buffer, parser, ec);
+  if (ec) {
+    const bool nothing_back = !parser.got_some() && c->buffer.size() == 0;
+    finish(false);
+    if (nothing_back && d == delivery::idempotent && !stopping && !is_timeout(ec))
+      return std::nullopt;
+    throw failure(where, stage::read, ec);
+  }
+  auto res = parser.release();
+  // 5. As call() does.
+  finish(!(res.need_eof() || !req.keep_alive() || c->buffer.size() != 0));
+  return res;
+}
+
 http_client::http_client(http_client_options options) : impl_(std::make_unique<impl>(options)) {
   if (options.max_connections_per_endpoint == 0)
     throw config_error("http_client_options: max_connections_per_endpoint is 0");
+  net::post(impl_->ioc, [i = impl_.get()] { i->sweep(); });
   impl_->thread = std::thread([i = impl_.get()] { i->ioc.run(); });
 }
 
@@ -390,45 +668,71 @@ http_client::~http_client() {
   impl_->thread.join();
 }
 
+void http_client::impl::start_call(const http_endpoint& to, http_request req,
+                                   steady::time_point deadline, delivery d, bool reuse,
+                                   std::function<void(http_result)> done) {
+  {
+    const std::lock_guard lock(m);
+    ++in_flight;
+  }
+  net::co_spawn(ioc, call(to, std::move(req), deadline, d, reuse),
+                [this, done = std::move(done)](const std::exception_ptr& e, http_response res) {
+                  http_result r;
+                  if (!e) {
+                    r.response = std::move(res);
+                  } else {
+                    try {
+                      std::rethrow_exception(e);
+                    } catch (const transport_error& te) {
+                      r.error = te;
+                    } catch (const std::exception& other) {
+                      // Not an I/O error (bad_alloc, say): nothing says what
+                      // the server saw, so in doubt.
+                      r.error = transport_error(transport_error::kind::closed, other.what());
+                    }
+                  }
+                  done(std::move(r));
+                  const std::lock_guard lock(m);
+                  if (--in_flight == 0) idle_cv.notify_all();
+                });
+}
+
 void http_client::async_send(const http_endpoint& to, http_request req,
                              std::chrono::milliseconds timeout,
                              std::function<void(http_result)> done, delivery d) {
-  const auto deadline = steady::now() + timeout;
-  {
-    const std::lock_guard lock(impl_->m);
-    ++impl_->in_flight;
-  }
-  net::co_spawn(
-      impl_->ioc, impl_->call(to, std::move(req), deadline, d),
-      [i = impl_.get(), done = std::move(done)](const std::exception_ptr& e, http_response res) {
-        http_result r;
-        if (!e) {
-          r.response = std::move(res);
-        } else {
-          try {
-            std::rethrow_exception(e);
-          } catch (const transport_error& te) {
-            r.error = te;
-          } catch (const std::exception& other) {
-            // Not an I/O error (bad_alloc, say): nothing says what
-            // the server saw, so in doubt.
-            r.error = transport_error(transport_error::kind::closed, other.what());
-          }
-        }
-        done(std::move(r));
-        const std::lock_guard lock(i->m);
-        if (--i->in_flight == 0) i->idle_cv.notify_all();
-      });
+  impl_->start_call(to, std::move(req), steady::now() + timeout, d, /*reuse=*/true,
+                    std::move(done));
 }
 
 http_response http_client::send(const http_endpoint& to, http_request req,
                                 std::chrono::milliseconds timeout, delivery d) {
   if (impl_->ioc.get_executor().running_in_this_thread())
     throw std::logic_error("http_client::send() on its own io thread would wait for itself");
+  const auto deadline = steady::now() + timeout;
+  bool reuse = true;
+  {
+    // Counted like a call in flight: ~http_client() waits for it.
+    {
+      const std::lock_guard lock(impl_->m);
+      ++impl_->in_flight;
+    }
+    const struct uncount {
+      impl& i;
+      ~uncount() {
+        const std::lock_guard lock(i.m);
+        if (--i.in_flight == 0) i.idle_cv.notify_all();
+      }
+    } counted{*impl_};
+    bool took = false;
+    if (auto res = impl_->send_here(to, req, deadline, d, took)) return std::move(*res);
+    // Nothing of it can have reached the server. If a connection was
+    // taken, it failed (rule 2 or 3): a new one, and no second re-send.
+    reuse = !took;
+  }
   std::promise<http_result> result;
   auto answer = result.get_future();
-  async_send(
-      to, std::move(req), timeout, [&result](http_result r) { result.set_value(std::move(r)); }, d);
+  impl_->start_call(to, std::move(req), deadline, d, reuse,
+                    [&result](http_result r) { result.set_value(std::move(r)); });
   auto r = answer.get();
   if (r.error) throw std::move(*r.error);
   return std::move(*r.response);
