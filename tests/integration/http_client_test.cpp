@@ -41,6 +41,8 @@ enum class act {
   close_without_answer,     // read the request, close: did it act? the client cannot know
   never_answer,             // read the request, keep the connection open, say nothing
   answer_after_a_while,     // 200 after a short pause, so that calls overlap
+  stop_listening_and_close_without_answer,  // as close_without_answer, and
+                                            // connecting is refused from then on
 };
 
 class scripted_server {
@@ -137,6 +139,11 @@ class scripted_server {
           open = false;
           break;
         }
+        case act::stop_listening_and_close_without_answer:
+          // Linux: a listening socket shut down refuses connections (RST).
+          ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
+          open = false;
+          continue;
         case act::close_without_answer:
           open = false;
           continue;
@@ -321,6 +328,50 @@ TEST(HttpClient, AnIdempotentRequestLostOnAReusedConnectionIsResentOnce) {
   EXPECT_EQ(error_of([&] { c.send(fresh.endpoint(), get(), guard, delivery::idempotent); }),
             transport_error::kind::closed);
   EXPECT_EQ(fresh.requests(), 1);
+}
+
+// send() on a reused connection talks on the caller's thread: the same
+// deadline there, and the call ends as timeout (in doubt), sent once.
+TEST(HttpClient, TheDeadlineEndsACallOnAReusedConnectionTheServerNeverAnswers) {
+  scripted_server s([](int n) { return n == 2 ? act::never_answer : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), charge(), guard).body(), "1");
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), charge(), 200ms); }),
+            transport_error::kind::timeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, guard) << "the deadline held";
+  EXPECT_EQ(s.requests(), 2);
+  EXPECT_EQ(s.accepted(), 1);
+}
+
+// At a limit of one connection, the re-sending of an idempotent request lost
+// on a reused connection goes out at once on a new one, within the limit.
+// (A review found it could wait out its deadline when another call left an
+// idle connection in the slot meanwhile; that interleaving is not forced
+// here: a re-sending now trades an idle connection for its slot.)
+TEST(HttpClient, AnIdempotentRequestLostAtTheConnectionLimitIsResentAtOnce) {
+  scripted_server s([](int n) { return n == 2 ? act::close_without_answer : act::answer; });
+  http_client_options o;
+  o.max_connections_per_endpoint = 1;
+  http_client c(o);
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard, delivery::idempotent).body(), "1");
+  EXPECT_EQ(c.send(s.endpoint(), get(), 5s, delivery::idempotent).body(), "3");
+  EXPECT_EQ(s.accepted(), 2);
+  EXPECT_LE(s.most_open_at_once(), 1) << "the limit held";
+}
+
+// Found in review: an idempotent request sent whole on a reused connection
+// and lost, whose re-sending cannot even connect, may have been acted on:
+// closed (in doubt), never connect (nothing sent).
+TEST(HttpClient, ARequestSentWholeOnceIsInDoubtWhenItsResendingCannotConnect) {
+  scripted_server s(
+      [](int n) { return n == 2 ? act::stop_listening_and_close_without_answer : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard, delivery::idempotent).body(), "1");
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), get(), guard, delivery::idempotent); }),
+            transport_error::kind::closed);
+  EXPECT_EQ(s.requests(), 2);
+  EXPECT_EQ(s.accepted(), 1);
 }
 
 TEST(HttpClient, AConnectionCloseAnswerIsNotReused) {

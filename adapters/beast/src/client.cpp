@@ -242,6 +242,21 @@ class deadline_socket {
 
 }  // namespace
 
+namespace {
+
+// How a call that send() could not finish on its own thread goes on through
+// the io thread.
+enum class fallback {
+  any,          // no connection was taken: as async_send() would
+  new_only,     // a taken connection failed before the whole request was
+                // written (rule 2): on a new connection, never re-sent again
+  sent_before,  // the whole request was written, nothing came back, and the
+                // request is idempotent: as new_only, and a failure that
+                // sends nothing is still in doubt (`closed`), not `connect`
+};
+
+}  // namespace
+
 struct http_client::impl {
   explicit impl(http_client_options o) : options(o) {}
 
@@ -283,7 +298,7 @@ struct http_client::impl {
   void close_on_io_thread(connection_ptr c);
   /// The io thread's half of a call: `done` once, on the io thread.
   void start_call(const http_endpoint& to, http_request req, steady::time_point deadline,
-                  delivery d, bool reuse, std::function<void(http_result)> done);
+                  delivery d, fallback how, std::function<void(http_result)> done);
   /// On the io thread.
   void give_back(endpoint_pool& pool, connection_ptr c);
   /// On a caller's thread: gives back, or hands to the io thread a connection
@@ -296,10 +311,9 @@ struct http_client::impl {
   /// nothing when nothing of the request can have reached the server (no
   /// idle connection, or rule 2, or rule 3 for delivery::idempotent): the
   /// caller then sends it through the io thread, on a new connection.
-  /// `took` says whether a connection was taken (then a fallback must use a
-  /// new one and never re-send again).
+  /// `then` says how the io thread must go on when nothing is returned.
   std::optional<http_response> send_here(const http_endpoint& to, http_request& req,
-                                         steady::time_point deadline, delivery d, bool& took);
+                                         steady::time_point deadline, delivery d, fallback& then);
 };
 
 // One call, top to bottom. It holds one of the endpoint's connection slots
@@ -396,6 +410,11 @@ connection_ptr http_client::impl::take_idle(endpoint_pool& pool,
 }
 
 void http_client::impl::close_on_io_thread(connection_ptr c) {
+  // The socket now, so that the slot it leaves is not reused while it is
+  // still open (nothing else uses it: it is off the pool). The stream's
+  // timer is the io thread's: it closes the stream and drops it there.
+  error_code ignored;
+  c->stream.socket().close(ignored);
   net::post(ioc, [c = std::move(c)] { c->stream.close(); });
 }
 
@@ -418,6 +437,15 @@ net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
     }
     if (pool.open < options.max_connections_per_endpoint) {
       ++pool.open;
+      co_return nullptr;
+    }
+    if (!reuse && !pool.idle.empty()) {
+      // A new connection wanted and an idle one holding a slot: close the
+      // oldest and take its slot (waiting would wait for nothing).
+      auto oldest = std::move(pool.idle.front());
+      pool.idle.pop_front();
+      live.erase(oldest.get());
+      closing.push_back(std::move(oldest));
       co_return nullptr;
     }
     // At the limit: wait in line for a connection or a slot given back.
@@ -586,7 +614,7 @@ void http_client::impl::shutdown() {
 std::optional<http_response> http_client::impl::send_here(const http_endpoint& to,
                                                           http_request& req,
                                                           steady::time_point deadline, delivery d,
-                                                          bool& took) {
+                                                          fallback& then) {
   const std::string host_port = to.host + ":" + std::to_string(to.port);
   connection_ptr c;
   endpoint_pool* pool = nullptr;
@@ -602,51 +630,66 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
   }
   for (auto& gone : closing) close_on_io_thread(std::move(gone));
   if (!c) return std::nullopt;
-  took = true;
+
+  // Ends the use of the connection on this thread, on every way out: back
+  // to the pool after a complete answer that allows it, else closed (its
+  // slot free).
+  struct user {
+    impl& i;
+    endpoint_pool& pool;
+    connection_ptr c;
+    bool keep = false;
+    user(impl& owner, endpoint_pool& p, connection_ptr conn)
+        : i(owner), pool(p), c(std::move(conn)) {}
+    user(const user&) = delete;
+    user& operator=(const user&) = delete;
+    ~user() {
+      {
+        const std::lock_guard lock(i.pool_m);
+        c->on_caller_thread = false;
+        if (!keep || i.stopping) {
+          i.live.erase(c.get());
+          keep = false;
+        }
+      }
+      if (!keep) i.close_on_io_thread(c);
+      i.give_back_here(pool, keep ? std::move(c) : nullptr);
+    }
+  } in_use(*this, *pool, std::move(c));
+  connection& conn = *in_use.c;
+
   const std::string where = "http://" + host_port;
   req.set(http::field::host, host_port);
   req.prepare_payload();
-  // Ends the use of `c` on this thread: back to the pool, or closed (its
-  // slot then free). A connection shutdown() saw in use is closed here.
-  const auto finish = [&](bool keep) {
-    {
-      const std::lock_guard lock(pool_m);
-      c->on_caller_thread = false;
-      if (!keep || stopping) {
-        live.erase(c.get());
-        keep = false;
-      }
-    }
-    if (!keep) close_on_io_thread(c);
-    give_back_here(*pool, keep ? std::move(c) : nullptr);
-  };
-
-  deadline_socket io(c->stream.socket().native_handle(), deadline);
-  // 3. The request (rule 2: a write that fails on this reused connection
-  //    sent nothing the server can act on; the io thread sends it again).
+  deadline_socket io(conn.stream.socket().native_handle(), deadline);
+  // 3. The request. Beast's synchronous write fails only before the whole
+  //    request is with the kernel (rule 2: the io thread sends it again on a
+  //    new connection); shutdown() ends it the same way (nothing complete
+  //    was sent: `connect`).
   error_code ec;
   http::write(io, req, ec);
   if (ec) {
-    finish(false);
-    if (!is_timeout(ec) && !stopping) return std::nullopt;
     if (stopping) throw shutting_down(where);
-    throw failure(where, stage::write, ec);
+    if (is_timeout(ec)) throw failure(where, stage::write, ec);
+    then = fallback::new_only;
+    return std::nullopt;
   }
   // 4. The answer (rule 3: re-sent only for delivery::idempotent, when not a
   //    byte came back).
   http::response_parser<http::string_body> parser;
   if (req.method() == http::verb::head) parser.skip(true);
-  http::read(io, c->buffer, parser, ec);
+  http::read(io, conn.buffer, parser, ec);
   if (ec) {
-    const bool nothing_back = !parser.got_some() && c->buffer.size() == 0;
-    finish(false);
-    if (nothing_back && d == delivery::idempotent && !stopping && !is_timeout(ec))
+    const bool nothing_back = !parser.got_some() && conn.buffer.size() == 0;
+    if (nothing_back && d == delivery::idempotent && !stopping && !is_timeout(ec)) {
+      then = fallback::sent_before;
       return std::nullopt;
+    }
     throw failure(where, stage::read, ec);
   }
   auto res = parser.release();
   // 5. As call() does.
-  finish(!(res.need_eof() || !req.keep_alive() || c->buffer.size() != 0));
+  in_use.keep = !(res.need_eof() || !req.keep_alive() || conn.buffer.size() != 0);
   return res;
 }
 
@@ -669,39 +712,44 @@ http_client::~http_client() {
 }
 
 void http_client::impl::start_call(const http_endpoint& to, http_request req,
-                                   steady::time_point deadline, delivery d, bool reuse,
+                                   steady::time_point deadline, delivery d, fallback how,
                                    std::function<void(http_result)> done) {
   {
     const std::lock_guard lock(m);
     ++in_flight;
   }
-  net::co_spawn(ioc, call(to, std::move(req), deadline, d, reuse),
-                [this, done = std::move(done)](const std::exception_ptr& e, http_response res) {
-                  http_result r;
-                  if (!e) {
-                    r.response = std::move(res);
-                  } else {
-                    try {
-                      std::rethrow_exception(e);
-                    } catch (const transport_error& te) {
-                      r.error = te;
-                    } catch (const std::exception& other) {
-                      // Not an I/O error (bad_alloc, say): nothing says what
-                      // the server saw, so in doubt.
-                      r.error = transport_error(transport_error::kind::closed, other.what());
-                    }
-                  }
-                  done(std::move(r));
-                  const std::lock_guard lock(m);
-                  if (--in_flight == 0) idle_cv.notify_all();
-                });
+  const auto finished = [this, how, done = std::move(done)](const std::exception_ptr& e,
+                                                            http_response res) {
+    http_result r;
+    if (!e) {
+      r.response = std::move(res);
+    } else {
+      try {
+        std::rethrow_exception(e);
+      } catch (const transport_error& te) {
+        r.error = te;
+        if (how == fallback::sent_before && te.error_kind() == transport_error::kind::connect) {
+          // Sent whole once already: whatever stopped the second sending,
+          // the first may have been acted on.
+          r.error = transport_error(transport_error::kind::closed, te.what());
+        }
+      } catch (const std::exception& other) {
+        // Not an I/O error (bad_alloc, say): nothing says what the server
+        // saw, so in doubt.
+        r.error = transport_error(transport_error::kind::closed, other.what());
+      }
+    }
+    done(std::move(r));
+    const std::lock_guard lock(m);
+    if (--in_flight == 0) idle_cv.notify_all();
+  };
+  net::co_spawn(ioc, call(to, std::move(req), deadline, d, how == fallback::any), finished);
 }
 
 void http_client::async_send(const http_endpoint& to, http_request req,
                              std::chrono::milliseconds timeout,
                              std::function<void(http_result)> done, delivery d) {
-  impl_->start_call(to, std::move(req), steady::now() + timeout, d, /*reuse=*/true,
-                    std::move(done));
+  impl_->start_call(to, std::move(req), steady::now() + timeout, d, fallback::any, std::move(done));
 }
 
 http_response http_client::send(const http_endpoint& to, http_request req,
@@ -709,29 +757,31 @@ http_response http_client::send(const http_endpoint& to, http_request req,
   if (impl_->ioc.get_executor().running_in_this_thread())
     throw std::logic_error("http_client::send() on its own io thread would wait for itself");
   const auto deadline = steady::now() + timeout;
-  bool reuse = true;
+  // Counted like a call in flight until the io thread's half (if any) is
+  // counted too: ~http_client() waits for it.
   {
-    // Counted like a call in flight: ~http_client() waits for it.
-    {
-      const std::lock_guard lock(impl_->m);
-      ++impl_->in_flight;
+    const std::lock_guard lock(impl_->m);
+    ++impl_->in_flight;
+  }
+  const struct uncount {
+    impl& i;
+    ~uncount() {
+      const std::lock_guard lock(i.m);
+      if (--i.in_flight == 0) i.idle_cv.notify_all();
     }
-    const struct uncount {
-      impl& i;
-      ~uncount() {
-        const std::lock_guard lock(i.m);
-        if (--i.in_flight == 0) i.idle_cv.notify_all();
-      }
-    } counted{*impl_};
-    bool took = false;
-    if (auto res = impl_->send_here(to, req, deadline, d, took)) return std::move(*res);
-    // Nothing of it can have reached the server. If a connection was
-    // taken, it failed (rule 2 or 3): a new one, and no second re-send.
-    reuse = !took;
+  } counted{*impl_};
+  fallback then = fallback::any;
+  try {
+    if (auto res = impl_->send_here(to, req, deadline, d, then)) return std::move(*res);
+  } catch (const transport_error&) {
+    throw;
+  } catch (const std::exception& other) {
+    // Not an I/O error (bad_alloc, say): nothing says what the server saw.
+    throw transport_error(transport_error::kind::closed, other.what());
   }
   std::promise<http_result> result;
   auto answer = result.get_future();
-  impl_->start_call(to, std::move(req), deadline, d, reuse,
+  impl_->start_call(to, std::move(req), deadline, d, then,
                     [&result](http_result r) { result.set_value(std::move(r)); });
   auto r = answer.get();
   if (r.error) throw std::move(*r.error);
