@@ -571,7 +571,8 @@ void http_client::impl::sweep() {
     const std::lock_guard lock(pool_m);
     if (stopping) return;
     const auto now = steady::now();
-    for (auto& [host_port, pool] : pools) {
+    for (auto& entry : pools) {
+      endpoint_pool& pool = entry.second;  // not a binding: clang 14 cannot capture one
       std::erase_if(pool.idle, [&](const connection_ptr& c) {
         if (now - c->idle_since < options.idle_timeout) return false;
         live.erase(c.get());
