@@ -374,6 +374,26 @@ TEST(HttpClient, ARequestSentWholeOnceIsInDoubtWhenItsResendingCannotConnect) {
   EXPECT_EQ(s.accepted(), 1);
 }
 
+// The same through the io thread (async_send(), and send() when no idle
+// connection was at hand), found in a second review: its own re-sending
+// that could not connect said `connect`.
+TEST(HttpClient, AnAsyncRequestSentWholeOnceIsInDoubtWhenItsResendingCannotConnect) {
+  scripted_server s(
+      [](int n) { return n == 2 ? act::stop_listening_and_close_without_answer : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard, delivery::idempotent).body(), "1");
+  std::promise<http_result> done;
+  c.async_send(
+      s.endpoint(), get(), guard, [&](http_result r) { done.set_value(std::move(r)); },
+      delivery::idempotent);
+  auto answer = done.get_future();
+  ASSERT_EQ(answer.wait_for(guard), std::future_status::ready);
+  const http_result r = answer.get();
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->error_kind(), transport_error::kind::closed);
+  EXPECT_EQ(s.requests(), 2);
+}
+
 TEST(HttpClient, AConnectionCloseAnswerIsNotReused) {
   scripted_server s([](int) { return act::answer_connection_close; });
   http_client c;

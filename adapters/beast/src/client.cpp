@@ -295,7 +295,7 @@ struct http_client::impl {
   connection_ptr take_idle(endpoint_pool& pool, std::vector<connection_ptr>& closing);
   /// A connection off the pool and out of `live`, closed on the io thread
   /// (its stream's timer is the io thread's).
-  void close_on_io_thread(connection_ptr c);
+  void close_on_io_thread(connection_ptr c) noexcept;
   /// The io thread's half of a call: `done` once, on the io thread.
   void start_call(const http_endpoint& to, http_request req, steady::time_point deadline,
                   delivery d, fallback how, std::function<void(http_result)> done);
@@ -303,7 +303,7 @@ struct http_client::impl {
   void give_back(endpoint_pool& pool, connection_ptr c);
   /// On a caller's thread: gives back, or hands to the io thread a connection
   /// or slot a waiter is owed.
-  void give_back_here(endpoint_pool& pool, connection_ptr c);
+  void give_back_here(endpoint_pool& pool, connection_ptr c) noexcept;
   void close(connection& c);
   void shutdown();
   void sweep();
@@ -337,6 +337,7 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
   // 1. A pooled connection still open, or a free slot to open one (waiting
   //    for either within the deadline).
   connection_ptr c = co_await acquire(pool, where, deadline, reuse);
+  bool sent_whole = false;  // once: then no failure may say "nothing was sent"
   try {
     for (;;) {
       const bool reused = c != nullptr;
@@ -369,8 +370,10 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
         const bool nothing_back = !parser.got_some() && c->buffer.size() == 0;
         close(*c);
         c.reset();
-        if (reused && nothing_back && d == delivery::idempotent && !stopping && !is_timeout(ec))
+        if (reused && nothing_back && d == delivery::idempotent && !stopping && !is_timeout(ec)) {
+          sent_whole = true;
           continue;
+        }
         throw failure(where, stage::read, ec);
       }
       auto res = parser.release();
@@ -385,6 +388,15 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
       give_back(pool, std::move(c));
       co_return res;
     }
+  } catch (const transport_error& e) {
+    if (c) close(*c);
+    give_back(pool, nullptr);
+    if (sent_whole && e.error_kind() == transport_error::kind::connect) {
+      // The re-sending could not connect (or the client is shutting down),
+      // but the first sending may have been acted on: in doubt.
+      throw transport_error(transport_error::kind::closed, e.what());
+    }
+    throw;
   } catch (...) {
     if (c) close(*c);
     give_back(pool, nullptr);
@@ -403,19 +415,24 @@ connection_ptr http_client::impl::take_idle(endpoint_pool& pool,
     pool.idle.pop_back();
     if (now - c->idle_since < options.idle_timeout && still_open(*c)) return c;
     live.erase(c.get());
+    error_code ignored;
+    c->stream.socket().close(ignored);  // before its slot is free (the limit)
     --pool.open;
     closing.push_back(std::move(c));
   }
   return nullptr;
 }
 
-void http_client::impl::close_on_io_thread(connection_ptr c) {
+void http_client::impl::close_on_io_thread(connection_ptr c) noexcept {
   // The socket now, so that the slot it leaves is not reused while it is
   // still open (nothing else uses it: it is off the pool). The stream's
-  // timer is the io thread's: it closes the stream and drops it there.
+  // timer (no wait pending on it) is cancelled on the io thread.
   error_code ignored;
   c->stream.socket().close(ignored);
-  net::post(ioc, [c = std::move(c)] { c->stream.close(); });
+  try {
+    net::post(ioc, [c] { c->stream.close(); });
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory; the socket is closed
+  }
 }
 
 net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
@@ -541,21 +558,27 @@ void http_client::impl::give_back(endpoint_pool& pool, connection_ptr c) {
   pool.idle.push_back(std::move(c));
 }
 
-void http_client::impl::give_back_here(endpoint_pool& pool, connection_ptr c) {
+void http_client::impl::give_back_here(endpoint_pool& pool, connection_ptr c) noexcept {
+  // Under pool_m.
+  const auto keep = [&] {
+    if (!c) {
+      --pool.open;
+    } else {
+      c->idle_since = steady::now();
+      pool.idle.push_back(std::move(c));
+    }
+  };
   {
     const std::lock_guard lock(pool_m);
-    if (pool.waiters.empty()) {  // nobody to wake: no need for the io thread
-      if (!c) {
-        --pool.open;
-      } else {
-        c->idle_since = steady::now();
-        pool.idle.push_back(std::move(c));
-      }
-      return;
-    }
+    if (pool.waiters.empty()) return keep();  // nobody to wake: no need for the io thread
   }
   // A waiter's timer is the io thread's to cancel.
-  net::post(ioc, [this, &pool, c = std::move(c)]() mutable { give_back(pool, std::move(c)); });
+  try {
+    net::post(ioc, [this, &pool, c]() mutable { give_back(pool, std::move(c)); });
+  } catch (...) {
+    const std::lock_guard lock(pool_m);
+    keep();  // out of memory: the waiter finds it at its deadline, or gives up
+  }
 }
 
 void http_client::impl::close(connection& c) {
@@ -629,7 +652,7 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
     c = take_idle(*pool, closing);
     if (c) c->on_caller_thread = true;
   }
-  for (auto& gone : closing) close_on_io_thread(std::move(gone));
+  for (auto& gone : closing) close_on_io_thread(std::move(gone));  // never throws
   if (!c) return std::nullopt;
 
   // Ends the use of the connection on this thread, on every way out: back
@@ -744,7 +767,13 @@ void http_client::impl::start_call(const http_endpoint& to, http_request req,
     const std::lock_guard lock(m);
     if (--in_flight == 0) idle_cv.notify_all();
   };
-  net::co_spawn(ioc, call(to, std::move(req), deadline, d, how == fallback::any), finished);
+  try {
+    net::co_spawn(ioc, call(to, std::move(req), deadline, d, how == fallback::any), finished);
+  } catch (...) {  // never started: not in flight
+    const std::lock_guard lock(m);
+    if (--in_flight == 0) idle_cv.notify_all();
+    throw;
+  }
 }
 
 void http_client::async_send(const http_endpoint& to, http_request req,
