@@ -295,7 +295,7 @@ struct http_client::impl {
   connection_ptr take_idle(endpoint_pool& pool, std::vector<connection_ptr>& closing);
   /// A connection off the pool and out of `live`, closed on the io thread
   /// (its stream's timer is the io thread's).
-  void close_on_io_thread(connection_ptr c) noexcept;
+  void close_on_io_thread(const connection_ptr& c) noexcept;
   /// The io thread's half of a call: `done` once, on the io thread.
   void start_call(const http_endpoint& to, http_request req, steady::time_point deadline,
                   delivery d, fallback how, std::function<void(http_result)> done);
@@ -423,7 +423,7 @@ connection_ptr http_client::impl::take_idle(endpoint_pool& pool,
   return nullptr;
 }
 
-void http_client::impl::close_on_io_thread(connection_ptr c) noexcept {
+void http_client::impl::close_on_io_thread(const connection_ptr& c) noexcept {
   // The socket now, so that the slot it leaves is not reused while it is
   // still open (nothing else uses it: it is off the pool). The stream's
   // timer (no wait pending on it) is cancelled on the io thread.
@@ -652,7 +652,7 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
     c = take_idle(*pool, closing);
     if (c) c->on_caller_thread = true;
   }
-  for (auto& gone : closing) close_on_io_thread(std::move(gone));  // never throws
+  for (const auto& gone : closing) close_on_io_thread(gone);  // never throws
   if (!c) return std::nullopt;
 
   // Ends the use of the connection on this thread, on every way out: back
