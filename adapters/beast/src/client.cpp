@@ -194,19 +194,19 @@ class deadline_socket {
   template <class Buffers>
   std::size_t read_some(const Buffers& buffers) {
     error_code ec;
-    const auto n = read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
+    return or_throw(read_some(buffers, ec), ec);
   }
   template <class Buffers>
   std::size_t write_some(const Buffers& buffers) {
     error_code ec;
-    const auto n = write_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
+    return or_throw(write_some(buffers, ec), ec);
   }
 
  private:
+  static std::size_t or_throw(std::size_t n, const error_code& ec) {
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
   static std::size_t done(error_code& ec, ssize_t n) {
     ec = {};
     return static_cast<std::size_t>(n);
@@ -240,9 +240,30 @@ class deadline_socket {
   steady::time_point deadline_;
 };
 
-}  // namespace
+// What both paths of a call share. Sets Host and Content-Length; returns
+// "host:port".
+std::string address(const http_endpoint& to, http_request& req) {
+  std::string host_port = to.host + ":" + std::to_string(to.port);
+  req.set(http::field::host, host_port);
+  req.prepare_payload();
+  return host_port;
+}
 
-namespace {
+// Step 4's rule: a request written whole and lost before a byte of the
+// answer came back is sent again (once, on a new connection) only when it
+// is idempotent; never after a timeout.
+bool resend_after_read(const http::response_parser<http::string_body>& parser, const connection& c,
+                       delivery d, const error_code& ec) {
+  const bool nothing_back = !parser.got_some() && c.buffer.size() == 0;
+  return nothing_back && d == delivery::idempotent && !is_timeout(ec);
+}
+
+// Step 5's rule: back to the pool only after a complete answer that allows
+// it: not HTTP/1.0 or Connection: close, not delimited by EOF, nothing
+// unread behind it.
+bool reusable(const http_response& res, const http_request& req, const connection& c) {
+  return !res.need_eof() && req.keep_alive() && c.buffer.size() == 0;
+}
 
 // How a call that send() could not finish on its own thread goes on through
 // the io thread.
@@ -284,7 +305,7 @@ struct http_client::impl {
   std::size_t in_flight = 0;
 
   net::awaitable<http_response> call(http_endpoint to, http_request req,
-                                     steady::time_point deadline, delivery d, bool reuse);
+                                     steady::time_point deadline, delivery d, fallback how);
   net::awaitable<connection_ptr> acquire(endpoint_pool& pool, const std::string& where,
                                          steady::time_point deadline, bool reuse);
   net::awaitable<connection_ptr> open(const http_endpoint& to, const std::string& where,
@@ -308,36 +329,46 @@ struct http_client::impl {
   void shutdown();
   void sweep();
   /// send() on the caller's thread, on an idle pooled connection. Returns
-  /// nothing when nothing of the request can have reached the server (no
-  /// idle connection, or rule 2, or rule 3 for delivery::idempotent): the
-  /// caller then sends it through the io thread, on a new connection.
-  /// `then` says how the io thread must go on when nothing is returned.
+  /// nothing when the call must go on through the io thread, as `then` says:
+  /// no idle connection (any), a write that failed (new_only: nothing whole
+  /// was sent), or an idempotent request lost before its answer
+  /// (sent_before).
   std::optional<http_response> send_here(const http_endpoint& to, http_request& req,
                                          steady::time_point deadline, delivery d, fallback& then);
 };
 
 // One call, top to bottom. It holds one of the endpoint's connection slots
-// from step 1 to step 5, whether or not a connection is open in it.
-// `reuse`: false after send_here() gave up on a reused connection: then only
-// a new connection, and no re-send.
+// from step 1 to step 5, whether or not a connection is open in it. `how`:
+// see fallback (any for async_send()).
 net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_request req,
                                                       steady::time_point deadline, delivery d,
-                                                      bool reuse) {
-  const std::string host_port = to.host + ":" + std::to_string(to.port);
+                                                      fallback how) {
+  const std::string host_port = address(to, req);
   const std::string where = "http://" + host_port;
-  req.set(http::field::host, host_port);
-  req.prepare_payload();
   endpoint_pool* pool_ptr = nullptr;
   {
     const std::lock_guard lock(pool_m);
     pool_ptr = &pools[host_port];  // unordered_map: references survive rehashing
   }
   auto& pool = *pool_ptr;
+  // Once the request was written whole, a failure of a later sending that
+  // sends nothing (no connection, shutting down) is still in doubt: the
+  // first may have been acted on.
+  bool sent_whole = how == fallback::sent_before;
+  const auto in_doubt_once_sent = [&](const transport_error& e) {
+    return sent_whole && e.error_kind() == transport_error::kind::connect
+               ? transport_error(transport_error::kind::closed, e.what())
+               : e;
+  };
 
   // 1. A pooled connection still open, or a free slot to open one (waiting
   //    for either within the deadline).
-  connection_ptr c = co_await acquire(pool, where, deadline, reuse);
-  bool sent_whole = false;  // once: then no failure may say "nothing was sent"
+  connection_ptr c;
+  try {
+    c = co_await acquire(pool, where, deadline, how == fallback::any);
+  } catch (const transport_error& e) {
+    throw in_doubt_once_sent(e);
+  }
   try {
     for (;;) {
       const bool reused = c != nullptr;
@@ -360,17 +391,16 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
 
       // 4. The answer. Once the whole request is written the server may have
       //    acted on it, so a connection lost now is in doubt: re-sent only
-      //    for delivery::idempotent, only when it was a reused connection
-      //    and not a byte of the answer came back.
+      //    as resend_after_read() says, and only from a reused connection.
       http::response_parser<http::string_body> parser;
       if (req.method() == http::verb::head) parser.skip(true);
       co_await http::async_read(c->stream, c->buffer, parser,
                                 net::redirect_error(net::use_awaitable, ec));
       if (ec) {
-        const bool nothing_back = !parser.got_some() && c->buffer.size() == 0;
+        const bool again = reused && !stopping && resend_after_read(parser, *c, d, ec);
         close(*c);
         c.reset();
-        if (reused && nothing_back && d == delivery::idempotent && !stopping && !is_timeout(ec)) {
+        if (again) {
           sent_whole = true;
           continue;
         }
@@ -378,10 +408,8 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
       }
       auto res = parser.release();
 
-      // 5. Back to the pool only after a complete answer that allows it:
-      //    not HTTP/1.0 or Connection: close, not delimited by EOF, nothing
-      //    unread behind it.
-      if (res.need_eof() || !req.keep_alive() || c->buffer.size() != 0 || stopping) {
+      // 5. Back to the pool, or closed.
+      if (!reusable(res, req, *c) || stopping) {
         close(*c);
         c.reset();
       }
@@ -391,12 +419,7 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
   } catch (const transport_error& e) {
     if (c) close(*c);
     give_back(pool, nullptr);
-    if (sent_whole && e.error_kind() == transport_error::kind::connect) {
-      // The re-sending could not connect (or the client is shutting down),
-      // but the first sending may have been acted on: in doubt.
-      throw transport_error(transport_error::kind::closed, e.what());
-    }
-    throw;
+    throw in_doubt_once_sent(e);
   } catch (...) {
     if (c) close(*c);
     give_back(pool, nullptr);
@@ -438,19 +461,15 @@ void http_client::impl::close_on_io_thread(const connection_ptr& c) noexcept {
 net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
                                                           const std::string& where,
                                                           steady::time_point deadline, bool reuse) {
-  auto w = std::make_shared<waiter>(ioc);
-  std::vector<connection_ptr> closing;
-  const struct closer {
-    std::vector<connection_ptr>& v;
-    ~closer() {
-      for (auto& c : v) c->stream.close();
-    }
-  } close_them{closing};
+  std::shared_ptr<waiter> w;
   {
     const std::lock_guard lock(pool_m);
     if (stopping) throw shutting_down(where);
     if (reuse) {
-      if (auto c = take_idle(pool, closing)) co_return c;
+      std::vector<connection_ptr> closing;
+      auto c = take_idle(pool, closing);
+      for (const auto& gone : closing) gone->stream.close();  // on the io thread: now
+      if (c) co_return c;
     }
     if (pool.open < options.max_connections_per_endpoint) {
       ++pool.open;
@@ -459,13 +478,14 @@ net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
     if (!reuse && !pool.idle.empty()) {
       // A new connection wanted and an idle one holding a slot: close the
       // oldest and take its slot (waiting would wait for nothing).
-      auto oldest = std::move(pool.idle.front());
+      const connection_ptr oldest = std::move(pool.idle.front());
       pool.idle.pop_front();
       live.erase(oldest.get());
-      closing.push_back(std::move(oldest));
+      oldest->stream.close();
       co_return nullptr;
     }
     // At the limit: wait in line for a connection or a slot given back.
+    w = std::make_shared<waiter>(ioc);
     w->timer.expires_at(deadline);
     pool.waiters.push_back(w);
   }
@@ -639,7 +659,7 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
                                                           http_request& req,
                                                           steady::time_point deadline, delivery d,
                                                           fallback& then) {
-  const std::string host_port = to.host + ":" + std::to_string(to.port);
+  const std::string host_port = address(to, req);
   connection_ptr c;
   endpoint_pool* pool = nullptr;
   std::vector<connection_ptr> closing;
@@ -683,8 +703,6 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
   connection& conn = *in_use.c;
 
   const std::string where = "http://" + host_port;
-  req.set(http::field::host, host_port);
-  req.prepare_payload();
   deadline_socket io(conn.stream.socket().native_handle(), deadline);
   // 3. The request. Beast's synchronous write fails only before the whole
   //    request is with the kernel (rule 2: the io thread sends it again on a
@@ -698,22 +716,20 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
     then = fallback::new_only;
     return std::nullopt;
   }
-  // 4. The answer (rule 3: re-sent only for delivery::idempotent, when not a
-  //    byte came back).
+  // 4. The answer, as in call().
   http::response_parser<http::string_body> parser;
   if (req.method() == http::verb::head) parser.skip(true);
   http::read(io, conn.buffer, parser, ec);
   if (ec) {
-    const bool nothing_back = !parser.got_some() && conn.buffer.size() == 0;
-    if (nothing_back && d == delivery::idempotent && !stopping && !is_timeout(ec)) {
+    if (!stopping && resend_after_read(parser, conn, d, ec)) {
       then = fallback::sent_before;
       return std::nullopt;
     }
     throw failure(where, stage::read, ec);
   }
   auto res = parser.release();
-  // 5. As call() does.
-  in_use.keep = !(res.need_eof() || !req.keep_alive() || conn.buffer.size() != 0);
+  // 5. As in call() (the guard closes it when the client is stopping).
+  in_use.keep = reusable(res, req, conn);
   return res;
 }
 
@@ -742,8 +758,8 @@ void http_client::impl::start_call(const http_endpoint& to, http_request req,
     const std::lock_guard lock(m);
     ++in_flight;
   }
-  const auto finished = [this, how, done = std::move(done)](const std::exception_ptr& e,
-                                                            http_response res) {
+  const auto finished = [this, done = std::move(done)](const std::exception_ptr& e,
+                                                       http_response res) {
     http_result r;
     if (!e) {
       r.response = std::move(res);
@@ -752,11 +768,6 @@ void http_client::impl::start_call(const http_endpoint& to, http_request req,
         std::rethrow_exception(e);
       } catch (const transport_error& te) {
         r.error = te;
-        if (how == fallback::sent_before && te.error_kind() == transport_error::kind::connect) {
-          // Sent whole once already: whatever stopped the second sending,
-          // the first may have been acted on.
-          r.error = transport_error(transport_error::kind::closed, te.what());
-        }
       } catch (const std::exception& other) {
         // Not an I/O error (bad_alloc, say): nothing says what the server
         // saw, so in doubt.
@@ -768,7 +779,7 @@ void http_client::impl::start_call(const http_endpoint& to, http_request req,
     if (--in_flight == 0) idle_cv.notify_all();
   };
   try {
-    net::co_spawn(ioc, call(to, std::move(req), deadline, d, how == fallback::any), finished);
+    net::co_spawn(ioc, call(to, std::move(req), deadline, d, how), finished);
   } catch (...) {  // never started: not in flight
     const std::lock_guard lock(m);
     if (--in_flight == 0) idle_cv.notify_all();

@@ -94,11 +94,37 @@ void single_writer::wake_and_unlock(std::unique_lock<std::mutex>& lock) {
 
 bool single_writer::has_waiter(std::unique_lock<std::mutex>&) const { return !line_.empty(); }
 
-void single_writer::run(const std::function<void(connection&)>& body) {
+bool single_writer::batch_may_grow(std::unique_lock<std::mutex>&) const {
+  return kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_;
+}
+
+void single_writer::refuse_on_writer_thread() const {
   if (std::this_thread::get_id() == writer_.get_id()) {
     throw storage_error::permanent(
         "sqlite: a transaction begun inside another one on this store would wait for itself");
   }
+}
+
+// BEGIN IMMEDIATE (other processes: the busy timeout) without m_ held.
+// Throws what BEGIN threw, with m_ held again and no batch open.
+void single_writer::open_batch(std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  try {
+    conn_->exec("BEGIN IMMEDIATE");
+  } catch (...) {
+    lock.lock();
+    throw;
+  }
+  lock.lock();
+  batch_open_ = true;
+  ++batch_;
+  kept_ = 0;
+  batch_started_ = clock::now();
+  batch_gate_ = std::make_shared<parker>();
+}
+
+void single_writer::run(const std::function<void(connection&)>& body) {
+  refuse_on_writer_thread();
   auto j = std::make_shared<job>();
   j->body = &body;
   std::unique_lock lock(m_);
@@ -167,18 +193,12 @@ void single_writer::writer_loop() {
       continue;  // a thread member held the connection that long; each job has its deadline
     }
     if (!batch_open_) {
-      lock.unlock();
-      std::optional<storage_error> failure;
       try {
-        conn_->exec("BEGIN IMMEDIATE");  // other processes: the busy timeout
-      } catch (const storage_error& e) {
-        failure = e;
-      }
-      lock.lock();
-      if (failure) {  // nothing ran: every queued job gets the error
+        open_batch(lock);
+      } catch (const storage_error& e) {  // nothing ran: every queued job gets the error
         for (auto& j : jobs_) {
           j->at = job::state::ran;
-          j->own = failure;
+          j->own = e;
         }
         jobs_.clear();
         if (jobs_gate_) to_wake_.push_back(std::move(jobs_gate_));
@@ -188,18 +208,9 @@ void single_writer::writer_loop() {
         lock.lock();
         continue;
       }
-      batch_open_ = true;
-      ++batch_;
-      kept_ = 0;
-      batch_started_ = clock::now();
-      batch_gate_ = std::make_shared<parker>();
     }
     run_jobs(lock);
-    if (batch_open_) {
-      const bool hand_on =
-          has_waiter(lock) && kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_;
-      if (!hand_on) commit_batch(lock);
-    }
+    if (batch_open_ && !(has_waiter(lock) && batch_may_grow(lock))) commit_batch(lock);
     pass_turn(lock);
     wake_and_unlock(lock);
     lock.lock();
@@ -211,8 +222,7 @@ void single_writer::writer_loop() {
 // batch it is handed (a batch handed on full or old still takes one round).
 void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
   bool first = true;
-  while (!jobs_.empty() && batch_open_ &&
-         (first || (kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_))) {
+  while (!jobs_.empty() && batch_open_ && (first || batch_may_grow(lock))) {
     first = false;
     // At most what max_batch leaves (at least one); the rest wait for the
     // next batch, on a gate of their own.
@@ -267,7 +277,6 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
 }
 
 void single_writer::run_one(job& j) {
-  sqlite3* db = conn_->db();
   try {
     conn_->exec("SAVEPOINT orpheus_member");
   } catch (const storage_error& e) {
@@ -279,40 +288,15 @@ void single_writer::run_one(job& j) {
   } catch (...) {
     j.thrown = std::current_exception();
   }
-  bool kept = !j.thrown;
-  if (kept && sqlite3_get_autocommit(db) != 0) {  // the body's statements ended the batch
-    j.own = batch_rolled_back();
-    kept = false;
-  } else if (kept) {
-    try {
-      conn_->exec("RELEASE SAVEPOINT orpheus_member");
-    } catch (const storage_error& e) {
-      j.own = e;
-      kept = false;
-    }
-  }
-  if (!kept) undo_member();
-  j.kept = kept;
+  j.kept = end_member(!j.thrown, j.own);
 }
 
 std::uint64_t single_writer::enter() {
-  if (std::this_thread::get_id() == writer_.get_id()) {
-    throw storage_error::permanent(
-        "sqlite: a transaction begun inside another one on this store would wait for itself");
-  }
+  refuse_on_writer_thread();
   std::unique_lock lock(m_);
   take_turn(lock);
   try {
-    if (!batch_open_) {
-      lock.unlock();
-      conn_->exec("BEGIN IMMEDIATE");  // other processes: the busy timeout
-      lock.lock();
-      batch_open_ = true;
-      ++batch_;
-      kept_ = 0;
-      batch_started_ = clock::now();
-      batch_gate_ = std::make_shared<parker>();
-    }
+    if (!batch_open_) open_batch(lock);
     const std::uint64_t batch = batch_;
     lock.unlock();
     conn_->exec("SAVEPOINT orpheus_member");
@@ -336,19 +320,8 @@ std::uint64_t single_writer::enter() {
 void single_writer::leave(std::uint64_t batch, bool keep) {
   // 1. The member's own savepoint, while it still has the connection.
   std::optional<storage_error> own_failure;
-  bool kept = keep;
-  sqlite3* db = conn_->db();
-  bool outer_alive = sqlite3_get_autocommit(db) == 0;
-  if (outer_alive && keep) {
-    try {
-      conn_->exec("RELEASE SAVEPOINT orpheus_member");
-    } catch (const storage_error& e) {
-      own_failure = e;
-      kept = false;
-    }
-  }
-  if (!kept) undo_member();
-  outer_alive = sqlite3_get_autocommit(db) == 0;
+  const bool kept = end_member(keep, own_failure);
+  const bool outer_alive = sqlite3_get_autocommit(conn_->db()) == 0;
 
   std::unique_lock lock(m_);
   ++stats_.transactions;
@@ -360,9 +333,7 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
     finish_batch(lock, batch, batch_rolled_back());
   } else if (mine) {
     if (kept) ++kept_;
-    const bool hand_on =
-        has_waiter(lock) && kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_;
-    if (!hand_on) commit_batch(lock);
+    if (!(has_waiter(lock) && batch_may_grow(lock))) commit_batch(lock);
   }
   pass_turn(lock);
 
@@ -389,6 +360,27 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
         /*in_doubt=*/true);
   }
   if (batch_failure) throw *batch_failure;
+}
+
+// Ends the member whose turn it is: keeps its savepoint (RELEASE) when
+// `keep`, else undoes it alone. Returns whether it was kept; `own` gets why a
+// member meant to be kept was not (its statements ended the batch, or
+// RELEASE failed).
+bool single_writer::end_member(bool keep, std::optional<storage_error>& own) {
+  if (keep && sqlite3_get_autocommit(conn_->db()) != 0) {
+    own = batch_rolled_back();
+    return false;
+  }
+  if (keep) {
+    try {
+      conn_->exec("RELEASE SAVEPOINT orpheus_member");
+      return true;
+    } catch (const storage_error& e) {
+      own = e;
+    }
+  }
+  undo_member();
+  return false;
 }
 
 // Undoes the member whose turn it is, alone; its savepoint must not stay
@@ -443,10 +435,7 @@ void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t ba
 }
 
 void single_writer::exclusively(const std::function<void(connection&)>& f) {
-  if (std::this_thread::get_id() == writer_.get_id()) {
-    throw storage_error::permanent(
-        "sqlite: a transaction begun inside another one on this store would wait for itself");
-  }
+  refuse_on_writer_thread();
   std::unique_lock lock(m_);
   take_turn(lock);
   try {

@@ -127,7 +127,14 @@ class single_writer {
   /// while the batch may grow.
   void run_jobs(std::unique_lock<std::mutex>& lock);
   void run_one(job& j);
+  bool end_member(bool keep, std::optional<storage_error>& own);
   void undo_member();
+  void open_batch(std::unique_lock<std::mutex>& lock);
+  /// The open batch may take more members (max_batch, max_batch_age).
+  [[nodiscard]] bool batch_may_grow(std::unique_lock<std::mutex>& lock) const;
+  /// From the writer thread (a body that begins another transaction on this
+  /// store), waiting for a turn would wait for itself: a permanent error.
+  void refuse_on_writer_thread() const;
 
   /// `waiting_as`, when given, is set to what this thread waits on in line.
   void take_turn(std::unique_lock<std::mutex>& lock, std::shared_ptr<parker>* waiting_as = nullptr);
