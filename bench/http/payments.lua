@@ -1,5 +1,6 @@
 -- wrk script of scripts/bench-http: POST the same payment to the payments
--- server, with the headers it needs (Content-Type, the caller's X-Client-Id)
+-- server, with the headers it needs (Content-Type, the caller's API key as a
+-- bearer token, and X-Client-Id for servers that read that instead)
 -- and an Idempotency-Key chosen by MODE.
 --
 --   wrk -t1 -c32 -d15s --latency -s payments.lua URL -- MODE PREFIX [KEYS]
@@ -18,6 +19,7 @@
 wrk.method = "POST"
 wrk.body = '{"amount":1000,"currency":"usd","customer":"c1"}'
 wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk_bench_0123456789abcdef"  -- scripts/bench-http's key
 wrk.headers["X-Client-Id"] = "bench"
 
 local threads = 0

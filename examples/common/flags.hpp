@@ -1,10 +1,11 @@
 // A tiny flag parser for the example programs: --name=value or --name value,
-// --help. Unknown flags and bad numbers are errors, reported by name.
+// switches (--name alone), --help. Unknown flags and bad numbers are errors, reported by name.
 #pragma once
 
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,7 +14,9 @@ namespace examples {
 
 class flags {
  public:
-  flags(int argc, char** argv, std::string usage) : usage_(std::move(usage)) {
+  /// `switches` name the flags that take no value (--name alone).
+  flags(int argc, char** argv, std::string usage, std::set<std::string> switches = {})
+      : usage_(std::move(usage)), switches_(std::move(switches)) {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "--help" || a == "-h") {
@@ -21,7 +24,14 @@ class flags {
         std::exit(0);
       }
       if (a.rfind("--", 0) != 0) fail("unexpected argument " + a);
+      if (switches_.count(a.substr(2)) != 0) {
+        values_[a.substr(2)].emplace_back();
+        continue;
+      }
       const auto eq = a.find('=');
+      if (eq != std::string::npos && switches_.count(a.substr(2, eq - 2)) != 0) {
+        fail("--" + a.substr(2, eq - 2) + " takes no value");
+      }
       if (eq != std::string::npos) {
         values_[a.substr(2, eq - 2)].push_back(a.substr(eq + 1));
       } else if (i + 1 < argc) {
@@ -36,6 +46,12 @@ class flags {
     used_.push_back(name);
     auto it = values_.find(name);
     return it == values_.end() ? fallback : it->second.back();
+  }
+  /// Whether the switch `name` was given.
+  bool on(const std::string& name) {
+    if (switches_.count(name) == 0) fail("--" + name + " is not a switch");
+    used_.push_back(name);
+    return values_.count(name) != 0;
   }
   std::vector<std::string> all(const std::string& name) {
     used_.push_back(name);
@@ -73,6 +89,7 @@ class flags {
 
  private:
   std::string usage_;
+  std::set<std::string> switches_;
   std::map<std::string, std::vector<std::string>> values_;
   std::vector<std::string> used_;
 };

@@ -1,4 +1,5 @@
 // One payment, sent the careful way. See --help.
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -10,9 +11,13 @@
 namespace {
 constexpr const char* usage = R"(pay_client: make one payment through payments_server, with retries
 
-Usage: pay_client --server URL --client ID --amount N [flags]
+Usage: pay_client --server URL --amount N [flags]
   --server URL        the payments server, e.g. http://127.0.0.1:8080
-  --client ID         the caller's identity (X-Client-Id)
+  --api-key KEY       the caller's API key, sent as `Authorization: Bearer
+                      KEY`; by default the environment's ORPHEUS_API_KEY (a
+                      flag shows in the process list, the environment not)
+  --client ID         instead of a key, for a server run with
+                      --trust-client-id-header (local testing): X-Client-Id
   --amount N          minor units, e.g. 1250
   --currency C        three letters (default EUR)
   --customer C        (default cus_1)
@@ -35,6 +40,8 @@ other answer, 2 on bad flags, 3 when it gave up without a final answer.
 int main(int argc, char** argv) {
   examples::flags f(argc, argv, usage);
   const auto server = f.str("server", "");
+  const char* env_key = std::getenv("ORPHEUS_API_KEY");
+  const auto api_key = f.str("api-key", env_key != nullptr ? env_key : "");
   const auto client = f.str("client", "");
   const long amount = f.num("amount", 0);
   const auto currency = f.str("currency", "EUR");
@@ -49,8 +56,10 @@ int main(int argc, char** argv) {
   options.policy.deadline =
       std::chrono::milliseconds(f.num("deadline-ms", options.policy.deadline.count()));
   f.done();
-  if (server.empty() || client.empty() || amount <= 0)
-    f.fail("--server, --client and --amount are required");
+  if (server.empty() || amount <= 0) f.fail("--server and --amount are required");
+  if (api_key.empty() == client.empty()) {
+    f.fail("say who is paying: --api-key (or ORPHEUS_API_KEY), or else --client");
+  }
   if (!journal_path.empty() && name.empty()) f.fail("--journal needs --name");
 
   try {
@@ -77,7 +86,11 @@ int main(int argc, char** argv) {
     orpheus::client::idempotent_client api(orpheus::beast::parse_http_url(server), options);
     const orpheus::client::prepared_request req(
         boost::beast::http::verb::post, "/v1/payments", body,
-        {{"Content-Type", "application/json"}, {"X-Client-Id", client}}, key);
+        {{"Content-Type", "application/json"},
+         api_key.empty()
+             ? std::pair<std::string, std::string>{"X-Client-Id", client}
+             : std::pair<std::string, std::string>{"Authorization", "Bearer " + api_key}},
+        key);
     const auto r = api.send(req);
     if (r.why != orpheus::client::stop_reason::answered) {
       std::cout << "gave up after " << r.attempts << " attempts (" << r.elapsed.count() << " ms)\n";

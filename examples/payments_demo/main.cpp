@@ -17,9 +17,11 @@ namespace {
 
 constexpr const char* usage = R"(payments_demo: drive payments_server and count charges at the bank
 
-Usage: payments_demo --server URL --bank URL [flags]
+Usage: payments_demo --server URL --bank URL --api-key KEY [flags]
   --server URL        the payments server, e.g. http://127.0.0.1:8080
   --bank URL          the bank simulator behind it (for its ledger)
+  --api-key KEY       a shop's API key (`Authorization: Bearer KEY`); repeat
+                      it for several shops: payment i is sent by shop i mod n
   --payments N        logical payments to make (default 300)
   --concurrency N     clients sending at once (default 8)
   --resend-rate R     share of payments sent once more after their answer,
@@ -76,12 +78,14 @@ int main(int argc, char** argv) {
   examples::flags f(argc, argv, usage);
   const auto server_url = f.str("server", "");
   const auto bank_url = f.str("bank", "");
+  const auto api_keys = f.all("api-key");
   const long payments = f.num("payments", 300);
   const long concurrency = f.num("concurrency", 8);
   const double resend = f.real("resend-rate", 0.3);
   const long settle_ms = f.num("settle-ms", 30000);
   f.done();
-  if (server_url.empty() || bank_url.empty()) f.fail("--server and --bank are required");
+  if (server_url.empty() || bank_url.empty() || api_keys.empty())
+    f.fail("--server, --bank and --api-key are required");
   if (payments < 1 || concurrency < 1) f.fail("--payments and --concurrency must be positive");
   const auto server = orpheus::beast::parse_http_url(server_url);
   const auto bank = orpheus::beast::parse_http_url(bank_url);
@@ -109,14 +113,14 @@ int main(int argc, char** argv) {
       std::bernoulli_distribution again(resend);
       for (long i; (i = next++) < payments;) {
         const std::string key = "demo-" + run + "-" + std::to_string(i);
-        const std::string client = "shop-" + std::to_string(i % 5);
+        const std::string& api_key = api_keys[static_cast<std::size_t>(i) % api_keys.size()];
         const std::string body =
             nlohmann::json{
                 {"amount", 100 + i}, {"currency", "EUR"}, {"customer", "cus_" + std::to_string(i)}}
                 .dump();
         const orpheus::client::prepared_request req(
             http::verb::post, "/v1/payments", body,
-            {{"Content-Type", "application/json"}, {"X-Client-Id", client}}, key);
+            {{"Content-Type", "application/json"}, {"Authorization", "Bearer " + api_key}}, key);
         const auto res = send_payment(api, req, t);
         if (!res) continue;
         if (res->result_int() == 201) ++t.succeeded;

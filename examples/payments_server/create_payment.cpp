@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "callers.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/log.hpp"
 #include "orpheus/steps.hpp"
@@ -101,9 +102,10 @@ void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, m
 
 void create_payment(orpheus::beast::middleware& mw, std::string_view handler, http_request&& req,
                     const orpheus::beast::responder& respond) {
-  const std::string client(req["X-Client-Id"]);
   mw.handle_named(std::string(handler), std::move(req), respond,
-                  [client](orpheus::tx& tx, const http_request& r) {  // Pre-RPC
+                  [](orpheus::tx& tx, const http_request& r,
+                     const orpheus::request_id& id) {  // Pre-RPC
+                    const auto client = callers::client_of_scope(id.scope);
                     payment p = parse_payment(r);
                     // The payment id names its shard, so GET can find it.
                     p.id = "pay_" + std::to_string(tx.shard()) + "_" + orpheus::random_token(10);

@@ -2,7 +2,8 @@
 // See --help. This file reads the flags and wires the parts together; the
 // idempotent endpoint is create_payment.cpp. The others, one job each:
 // routes.cpp (which request goes where), payment.cpp (the request body as a
-// payment), gateway.cpp (the bank), storage.cpp (the store and its schema),
+// payment), callers.cpp (who is calling), gateway.cpp (the bank), storage.cpp
+// (the store and its schema),
 // metrics.cpp (GET /metrics) and purger.cpp (expired records).
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "../common/flags.hpp"
 #include "../common/stop_signals.hpp"
+#include "callers.hpp"
 #include "create_payment.hpp"
 #include "gateway.hpp"
 #include "metrics.hpp"
@@ -23,7 +25,14 @@ namespace {
 
 constexpr const char* usage = R"(payments_server: POST /v1/payments, made idempotent with Orpheus
 
-Usage: payments_server --bank URL [flags]
+Usage: payments_server --bank URL --api-keys FILE [flags]
+  --api-keys FILE       the callers: one `<key> <client>` per line (# starts a
+                        comment). A caller sends `Authorization: Bearer <key>`
+                        and is that client: its idempotency keys and payments
+                        are its own. A missing or unknown key is 401
+  --trust-client-id-header  for local testing only: a request without
+                        Authorization is the client its X-Client-Id header
+                        names, unchecked. One of the two is required
   --port N              listen on 127.0.0.1:N (default 0: any free port)
   --store S             sqlite:PATH (default sqlite:payments.db), or a MySQL
                         shard URL mysql://user:pass@host:port/db; repeat the
@@ -77,7 +86,7 @@ Prints "listening on PORT" once ready; SIGTERM or SIGINT stops it cleanly:
 no new connections, the payments in flight finish and are answered, then it
 exits 0.
 
-API (the caller is identified by the X-Client-Id header)
+API (the caller authenticates with `Authorization: Bearer <api key>`)
   POST /v1/payments     Idempotency-Key required; body JSON {"amount": 1250,
                         "currency": "EUR", "customer": "cus_1"} or the same
                         fields form-encoded. 201 with the payment; replays
@@ -96,7 +105,9 @@ using orpheus::beast::http_request;
 using orpheus::beast::http_response;
 
 int main(int argc, char** argv) {
-  examples::flags f(argc, argv, usage);
+  examples::flags f(argc, argv, usage, {"trust-client-id-header"});
+  const std::string api_keys_path = f.str("api-keys", "");
+  const bool trust_client_id_header = f.on("trust-client-id-header");
   const long port = f.num("port", 0);
   const auto store_specs = store_parts(f.all("store"));
   const std::string bank_url = f.str("bank", "");
@@ -143,6 +154,10 @@ int main(int argc, char** argv) {
   };
 
   try {
+    // Before anything else: a bad key file stops the server at start-up.
+    std::optional<orpheus::api_keys> keys;
+    if (!api_keys_path.empty()) keys = orpheus::api_keys::load(api_keys_path);
+    const callers who(std::move(keys), trust_client_id_header);
     std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc
     if (bank_url != "inproc") bank_endpoint = orpheus::beast::parse_http_url(bank_url);
     auto store = open_store(store_specs);
@@ -173,11 +188,7 @@ int main(int argc, char** argv) {
     if (flow == "steps") register_create_payment_in_steps(manager, *http_bank, stats);
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::beast::middleware_options mw_options;
-    mw_options.scope = [](const http_request& req) -> std::optional<std::string> {
-      const auto id = req["X-Client-Id"];  // stands in for real authentication
-      if (id.empty()) return std::nullopt;
-      return "client:" + std::string(id);
-    };
+    mw_options.scope = [&who](const http_request& req) { return who.scope_of(req); };
     mw_options.wait.wait_for = wait;
     mw_options.observe = [&](const http_request& req, const http_response& res,
                              std::chrono::microseconds took) { stats.observe(req, res, took); };
@@ -197,7 +208,7 @@ int main(int argc, char** argv) {
     server_options.header_timeout = std::chrono::milliseconds(header_timeout);
     orpheus::beast::server server(
         server_options,
-        routes({mw, *store, inproc, stats, flow == "steps" ? steps_handler : single_handler}));
+        routes({mw, who, *store, inproc, stats, flow == "steps" ? steps_handler : single_handler}));
     purger purge(manager, stats, std::chrono::milliseconds(purge_interval),
                  static_cast<std::size_t>(purge_batch));
     // After everything it uses, so destroyed (and stopped) before them.

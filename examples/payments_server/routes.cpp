@@ -18,12 +18,12 @@ using orpheus::beast::make_response;
 namespace {
 
 // GET /v1/payments/ID, on a pool thread: the caller's payment, or 404.
-http_response find_payment(orpheus::store& store, const http_request& r) {
+http_response find_payment(orpheus::store& store, const std::string& client,
+                           const http_request& r) {
   const std::string id = std::string(r.target()).substr(13);
-  const std::string client(r["X-Client-Id"]);
   std::size_t shard = 0;
   if (id.rfind("pay_", 0) == 0) shard = std::strtoul(id.c_str() + 4, nullptr, 10);
-  if (client.empty() || shard >= store.shard_count()) {
+  if (shard >= store.shard_count()) {
     return make_response(404, R"({"error":"not found"})", "application/json");
   }
   auto t = store.begin_on_shard(shard);
@@ -53,9 +53,18 @@ orpheus::beast::handler routes(services s) {
       return create_payment(s.mw, s.payment_handler, std::move(req), respond);
     }
     if (req.method() == http::verb::get && target.rfind("/v1/payments/", 0) == 0) {
-      return s.mw.run_blocking(std::move(req), respond, [&store = s.store](const http_request& r) {
-        return find_payment(store, r);
-      });
+      auto client = s.who.client_of(req);
+      if (!client) {
+        return respond(s.mw.error_response(
+            orpheus::error_info::of(orpheus::error_class::invalid_input,
+                                    orpheus::codes::unauthenticated, "no caller identity"),
+            {}));
+      }
+      return s.mw.run_blocking(
+          std::move(req), respond,
+          [&store = s.store, client = std::move(*client)](const http_request& r) {
+            return find_payment(store, client, r);
+          });
     }
     if (req.method() == http::verb::get && target == "/healthz")
       return respond(make_response(200, "ok\n"));

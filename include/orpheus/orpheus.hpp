@@ -30,6 +30,7 @@
 // orpheus/detail/* are internals that the headers above include as needed.
 #pragma once
 
+#include "orpheus/api_keys.hpp"
 #include "orpheus/codes.hpp"
 #include "orpheus/error.hpp"
 #include "orpheus/identify.hpp"

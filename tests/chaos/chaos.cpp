@@ -32,9 +32,11 @@ namespace {
 constexpr const char* usage = R"(orpheus_chaos: a client process of scripts/chaos, and its audit
 
 Usage:
-  orpheus_chaos pay --server URL --client ID --journal PATH --results PATH
-                    --first I --count N [--threads T] [--give-up-s S]
-      Makes payments I .. I+N-1 through payments_server with orpheus::client:
+  orpheus_chaos pay --server URL --client ID --api-key KEY --journal PATH
+                    --results PATH --first I --count N [--threads T]
+                    [--give-up-s S]
+      Makes payments I .. I+N-1 through payments_server with orpheus::client,
+      as the client ID whose API key is KEY (sent as a bearer token):
       amount 1000+i, key from the journal (written before the first send),
       retried until a final answer or S seconds (default 600) in all. A final
       answer goes to the results file, then the journal entry is completed;
@@ -141,6 +143,7 @@ std::string name_of(long i) { return "payment-" + std::to_string(i); }
 int pay(examples::flags& f) {
   const auto server = f.str("server", "");
   const auto client = f.str("client", "");
+  const auto api_key = f.str("api-key", "");
   const auto journal_path = f.str("journal", "");
   const auto results_path = f.str("results", "");
   const long first = f.num("first", -1);
@@ -148,9 +151,9 @@ int pay(examples::flags& f) {
   const long threads = f.num("threads", 4);
   const auto give_up = std::chrono::seconds(f.num("give-up-s", 600));
   f.done();
-  if (server.empty() || client.empty() || journal_path.empty() || results_path.empty() ||
-      first < 0 || count < 0 || threads < 1) {
-    f.fail("pay needs --server, --client, --journal, --results, --first and --count");
+  if (server.empty() || client.empty() || api_key.empty() || journal_path.empty() ||
+      results_path.empty() || first < 0 || count < 0 || threads < 1) {
+    f.fail("pay needs --server, --client, --api-key, --journal, --results, --first and --count");
   }
 
   orpheus::client::sqlite_key_journal journal(journal_path);
@@ -184,7 +187,7 @@ int pay(examples::flags& f) {
       const std::string key = journal.key_for(name_of(i), orpheus::fingerprint_of(body));
       const orpheus::client::prepared_request req(
           boost::beast::http::verb::post, "/v1/payments", body,
-          {{"Content-Type", "application/json"}, {"X-Client-Id", client}}, key);
+          {{"Content-Type", "application/json"}, {"Authorization", "Bearer " + api_key}}, key);
       for (;;) {
         const auto r = api.send(req);
         // A final answer: what the client helper calls one, or a recorded

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <barrier>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -83,10 +84,26 @@ class Http : public testing::TestWithParam<std::string> {
     bank_.start(argv);
   }
   void start_payments(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_server", "--store", store_,
-                                  "--bank", "http://127.0.0.1:" + std::to_string(bank_.port)};
+    payments_.start(payments_argv(extra));
+  }
+  // The payments server's command line: the store, the bank, and the API
+  // keys of the callers the tests use (key_of()).
+  std::vector<std::string> payments_argv(const std::vector<std::string>& extra = {}) {
+    const auto keys = dir_ / "api-keys";
+    std::ofstream(keys) << "# the tests' callers\n"
+                        << key_of(client_) << " " << client_ << "\n"
+                        << key_of("alice-" + client_) << " alice-" << client_ << "\n"
+                        << key_of("bob-" + client_) << " bob-" << client_ << "\n";
+    std::vector<std::string> argv{
+        ORPHEUS_BINARY_DIR "/examples/payments_server",   "--store",    store_,       "--bank",
+        "http://127.0.0.1:" + std::to_string(bank_.port), "--api-keys", keys.string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    payments_.start(argv);
+    return argv;
+  }
+  static std::string key_of(const std::string& client) { return "sk_test_" + client; }
+  // The request as `client` sends it: with its API key as a bearer token.
+  static void authorize(http_request& req, const std::string& client) {
+    req.set(http::field::authorization, "Bearer " + key_of(client));
   }
 
   http_response send(unsigned short port, http_request req,
@@ -97,7 +114,7 @@ class Http : public testing::TestWithParam<std::string> {
   http_response pay(const std::string& key, std::int64_t amount, const std::string& client = "",
                     const std::string& content_type = "application/json") {
     http_request req{http::verb::post, "/v1/payments", 11};
-    req.set("X-Client-Id", client.empty() ? client_ : client);
+    authorize(req, client.empty() ? client_ : client);
     if (!key.empty()) req.set("Idempotency-Key", key);
     req.set(http::field::content_type, content_type);
     req.body() =
@@ -208,7 +225,7 @@ TEST_P(Http, ClientErrorsAndConflictsGetTheirStatuses) {
   EXPECT_EQ(nlohmann::json::parse(mismatch.body())["code"], "fingerprint_mismatch");
   // 413: a body over the limit, refused before the handler.
   http_request big{http::verb::post, "/v1/payments", 11};
-  big.set("X-Client-Id", client_);
+  authorize(big, client_);
   big.set("Idempotency-Key", "k-big");
   big.set(http::field::content_type, "application/json");
   big.body() = std::string(200 * 1024, ' ') + "{}";
@@ -272,13 +289,68 @@ TEST_P(Http, ScopesAreIsolated) {
   EXPECT_NE(a_id, b_id);
   EXPECT_EQ(ledger()["charges"], 2);
   http_request mine{http::verb::get, "/v1/payments/" + a_id, 11};
-  mine.set("X-Client-Id", "alice-" + client_);
+  authorize(mine, "alice-" + client_);
   EXPECT_EQ(send(payments_.port, mine).result_int(), 200U);
   http_request theirs{http::verb::get, "/v1/payments/" + a_id, 11};
-  theirs.set("X-Client-Id", "bob-" + client_);
+  authorize(theirs, "bob-" + client_);
   EXPECT_EQ(send(payments_.port, theirs).result_int(), 404U);
   // Bob re-sending his request gets his own recorded answer, never Alice's.
   EXPECT_EQ(pay("shared-key", 100, "bob-" + client_).body(), b.body());
+}
+
+// Issue 12: a caller authenticates with `Authorization: Bearer <api key>`.
+// A missing, malformed or unknown key is 401 with `WWW-Authenticate: Bearer`
+// and touches nothing: no record, no charge, the key free for the caller's
+// real request. X-Client-Id alone is not believed without
+// --trust-client-id-header.
+TEST_P(Http, AWrongOrMissingBearerTokenIs401AndTouchesNothing) {
+  start_bank();
+  start_payments();
+  const auto body = nlohmann::json{{"amount", 700}, {"currency", "EUR"}, {"customer", "c1"}}.dump();
+  for (const std::string& authorization : std::vector<std::string>{
+           "", "Bearer sk_test_nobody_00000000", "Bearer " + key_of(client_) + "x",
+           "Basic " + key_of(client_), "Bearer"}) {
+    http_request req{http::verb::post, "/v1/payments", 11};
+    if (!authorization.empty()) req.set(http::field::authorization, authorization);
+    req.set("X-Client-Id", client_);  // not believed: the server has API keys
+    req.set("Idempotency-Key", "auth-key");
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    const auto refused = send(payments_.port, req);
+    EXPECT_EQ(refused.result_int(), 401U) << authorization;
+    EXPECT_EQ(refused[http::field::www_authenticate], "Bearer") << authorization;
+    EXPECT_EQ(nlohmann::json::parse(refused.body())["code"], "unauthenticated") << authorization;
+  }
+  http_request get{http::verb::get, "/v1/payments/pay_0_x", 11};
+  const auto anonymous_get = send(payments_.port, get);
+  EXPECT_EQ(anonymous_get.result_int(), 401U);
+  EXPECT_EQ(anonymous_get[http::field::www_authenticate], "Bearer");
+  EXPECT_EQ(ledger()["charges"], 0);
+  // The key was never recorded: the caller's own request is new, not a
+  // replay of a refusal, and is charged once.
+  const auto ok = pay("auth-key", 700);
+  EXPECT_EQ(ok.result_int(), 201U) << ok.body();
+  EXPECT_TRUE(ok["Idempotent-Replayed"].empty());
+  EXPECT_EQ(ledger()["charges"], 1);
+}
+
+// --trust-client-id-header (local testing): a request without Authorization
+// is the client X-Client-Id names; one with Authorization is judged by its
+// key alone.
+TEST_P(Http, TrustingTheClientIdHeaderTakesItOnlyWithoutAuthorization) {
+  start_bank();
+  start_payments({"--trust-client-id-header"});
+  http_request req{http::verb::post, "/v1/payments", 11};
+  req.set("X-Client-Id", client_);
+  req.set("Idempotency-Key", "header-key");
+  req.set(http::field::content_type, "application/json");
+  req.body() = nlohmann::json{{"amount", 300}, {"currency", "EUR"}, {"customer", "c1"}}.dump();
+  EXPECT_EQ(send(payments_.port, req).result_int(), 201U);
+  // The same client by its key: the same scope, so a replay.
+  EXPECT_EQ(pay("header-key", 300)["Idempotent-Replayed"], "true");
+  req.set(http::field::authorization, "Bearer sk_test_nobody_00000000");
+  EXPECT_EQ(send(payments_.port, req).result_int(), 401U);
+  EXPECT_EQ(ledger()["charges"], 1);
 }
 
 // In one charge (--flow single): the bank's deduplication is not what saves
@@ -297,7 +369,7 @@ TEST_P(Http, ServerKilledAfterTheChargeBeforeTheRecordChargesOnce) {
   EXPECT_EQ(ledger()["double_charges"], 0);
   const auto id = nlohmann::json::parse(res.body())["id"].get<std::string>();
   http_request get{http::verb::get, "/v1/payments/" + id, 11};
-  get.set("X-Client-Id", client_);
+  authorize(get, client_);
   const auto stored = send(payments_.port, get);
   EXPECT_EQ(nlohmann::json::parse(stored.body())["status"], "succeeded");
   EXPECT_EQ(pay("crash-key", 4200)["Idempotent-Replayed"], "true");
@@ -399,7 +471,7 @@ TEST_P(Http, DuplicateFormFieldsAre400AndNothingIsRecorded) {
   start_bank();
   start_payments();
   http_request req{http::verb::post, "/v1/payments", 11};
-  req.set("X-Client-Id", client_);
+  authorize(req, client_);
   req.set("Idempotency-Key", "dup-form");
   req.set(http::field::content_type, "application/x-www-form-urlencoded");
   req.body() = "amount=100&currency=EUR&customer=c&amount=5";
@@ -428,7 +500,7 @@ TEST_P(Http, ACustomerOrCurrencyThatIsNotTextIs400AndNothingIsCharged) {
        {"amount=100&currency=EUR&customer=%FF", "amount=100&currency=%FF%FE%FD&customer=c",
         "amount=100&currency=123&customer=c"}) {
     http_request req{http::verb::post, "/v1/payments", 11};
-    req.set("X-Client-Id", client_);
+    authorize(req, client_);
     req.set("Idempotency-Key", "not-text-" + std::to_string(++n));
     req.set(http::field::content_type, "application/x-www-form-urlencoded");
     req.body() = body;
@@ -456,9 +528,9 @@ TEST_P(Http, ACustomerOrCurrencyThatIsNotTextIs400AndNothingIsCharged) {
 // ASan's own checks do not need a descriptor.
 TEST_P(Http, KeepsAcceptingAfterRunningOutOfFileDescriptors) {
   start_bank();
-  payments_.start({"/usr/bin/prlimit", "--nofile=64",
-                   ORPHEUS_BINARY_DIR "/examples/payments_server", "--store", store_, "--bank",
-                   "http://127.0.0.1:" + std::to_string(bank_.port)});
+  auto argv = payments_argv();
+  argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nofile=64"});
+  payments_.start(argv);
   std::vector<int> idle;
   for (int i = 0; i < 100; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -565,9 +637,7 @@ TEST_P(Http, AnswersNeverCarryHostsOrRawErrors) {
   start_bank();
   const auto bank_port = bank_.port;
   bank_.proc.reset();  // the bank is gone: connect refused
-  std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_server", "--store", store_,
-                                "--bank", "http://127.0.0.1:" + std::to_string(bank_port)};
-  payments_.start(argv);
+  payments_.start(payments_argv());
   const auto res = pay("unreachable", 100);
   EXPECT_GE(res.result_int(), 500U) << res.body();
   EXPECT_EQ(res.body().find("127.0.0.1"), std::string::npos) << res.body();

@@ -17,6 +17,8 @@
 #include <set>
 #include <thread>
 
+#include "orpheus/admin.hpp"
+#include "orpheus/api_keys.hpp"
 #include "orpheus/beast/client.hpp"
 #include "orpheus/beast/middleware.hpp"
 #include "orpheus/log.hpp"
@@ -362,8 +364,64 @@ TEST_F(Middleware, NoCallerIdentityIs401AndRunsNothing) {
   auto req = post("k", "{}");
   req.erase("X-Client-Id");
   int rpc = 0;
-  EXPECT_EQ(call(mw, std::move(req), &rpc).result_int(), 401U);
+  const auto res = call(mw, std::move(req), &rpc);
+  EXPECT_EQ(res.result_int(), 401U);
+  EXPECT_EQ(res[http::field::www_authenticate], "Bearer");  // HTTP requires a challenge
   EXPECT_EQ(rpc, 0);
+}
+
+// Issue 12: callers authenticate with `Authorization: Bearer <api key>`; a
+// missing, malformed or unknown key is 401 with the challenge, and touches
+// no record: the same key then runs as new for the caller the key names.
+TEST_F(Middleware, BearerTokensScopeKeysAndAWrongOneTouchesNoRecord) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  const auto keys = api_keys::parse(
+      "sk_test_alice_0123456789 alice\n"
+      "sk_test_bob_000000000000 bob\n");
+  middleware_options o;
+  o.scope = bearer_scope(keys);
+  middleware mw(*m_, pool, std::move(o));
+  const auto as = [](const std::string& authorization) {
+    auto r = post("order-1", R"({"amount":1})");
+    r.erase("X-Client-Id");
+    if (!authorization.empty()) r.set(http::field::authorization, authorization);
+    return r;
+  };
+  int rpc = 0;
+  for (const std::string wrong : {"", "Bearer sk_test_mallory_000000", "Basic c2tfdGVzdF9hbGljZQ==",
+                                  "Bearer sk_test_alice_0123456789 x", "bearer"}) {
+    const auto res = call(mw, as(wrong), &rpc);
+    EXPECT_EQ(res.result_int(), 401U) << wrong;
+    EXPECT_EQ(res[http::field::www_authenticate], "Bearer") << wrong;
+    EXPECT_EQ(nlohmann::json::parse(res.body())["code"], "unauthenticated") << wrong;
+  }
+  EXPECT_EQ(rpc, 0);
+  admin ops(*store_, m_->settings());
+  for (const auto& shard : ops.stats()) {
+    EXPECT_EQ(shard.in_progress + shard.retryable + shard.succeeded + shard.failed + shard.parked,
+              0);
+  }
+  // The same key, each caller in its own scope: two payments, no replay.
+  const auto alice = call(mw, as("Bearer sk_test_alice_0123456789"), &rpc);
+  const auto bob = call(mw, as("BEARER sk_test_bob_000000000000"), &rpc);
+  EXPECT_EQ(alice.result_int(), 201U);
+  EXPECT_EQ(bob.result_int(), 201U);
+  EXPECT_EQ(bob.count("Idempotent-Replayed"), 0U);
+  EXPECT_EQ(rpc, 2);
+  EXPECT_TRUE(ops.show("client:alice", "order-1").has_value());
+  EXPECT_TRUE(ops.show("client:bob", "order-1").has_value());
+}
+
+TEST_F(Middleware, RefusesAChallengeThatIsNotOneLine) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  for (const std::string bad : {"", "Bearer\r\nSet-Cookie: x=1"}) {
+    middleware_options o;
+    o.scope = [](const http_request&) { return std::optional<std::string>("c"); };
+    o.www_authenticate = bad;
+    EXPECT_THROW(middleware(*m_, pool, std::move(o)), config_error);
+  }
 }
 
 TEST_F(Middleware, AFullQueueAnswers503RetryableAtOnce) {

@@ -38,6 +38,15 @@ request_text text_of(const http_request& req, const std::vector<std::string>& he
 
 }  // namespace
 
+scope_function bearer_scope(api_keys keys, std::string prefix) {
+  return [keys = std::move(keys),
+          prefix = std::move(prefix)](const http_request& req) -> std::optional<std::string> {
+    auto client = keys.client_of(sv(req[http::field::authorization]));
+    if (!client) return std::nullopt;
+    return prefix + *client;
+  };
+}
+
 response record_of(const http_response& res) {
   response r;
   r.status = static_cast<int>(res.result_int());
@@ -89,6 +98,13 @@ std::optional<error_info> retry_later_error(const http_response& res) {
 middleware::middleware(manager& m, work_pool& pool, middleware_options options)
     : manager_(m), pool_(pool), options_(std::move(options)) {
   if (!options_.scope) throw config_error("middleware: a scope extractor is required");
+  if (options_.www_authenticate.empty() ||
+      std::any_of(options_.www_authenticate.begin(), options_.www_authenticate.end(),
+                  [](unsigned char c) { return c < 0x20 || c == 0x7f; })) {
+    throw config_error(
+        "middleware: www_authenticate (the 401's challenge) is empty or not one "
+        "line of text");
+  }
   if (options_.key_header.empty()) throw config_error("middleware: key_header is empty");
   for (auto& h : options_.fingerprint_headers) {
     std::transform(h.begin(), h.end(), h.begin(),
@@ -125,6 +141,7 @@ http_response middleware::error_response(const error_info& e, const std::string&
   http_response res{static_cast<http::status>(p.status), 11};
   for (const auto& [name, value] : p.headers) res.set(name, value);
   res.body() = p.body;
+  if (p.status == 401) res.set(http::field::www_authenticate, options_.www_authenticate);
   if (e.retryable()) {
     const auto after = e.retry_after.value_or(std::chrono::milliseconds(1000));
     res.set(http::field::retry_after, std::to_string((after.count() + 999) / 1000));

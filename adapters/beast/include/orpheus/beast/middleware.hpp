@@ -12,8 +12,9 @@
 //  1. reads the key from `Idempotency-Key` (name configurable; a bare token or
 //     a quoted sf-string); required on POST and PATCH by default: missing or
 //     invalid is 400, before any database work;
-//  2. asks `scope` for the caller's identity (nullopt: 401), so one client can
-//     never replay or block another's key;
+//  2. asks `scope` for the caller's identity (nullopt: 401 with
+//     `WWW-Authenticate`), so one client can never replay or block another's
+//     key;
 //  3. fingerprints method, target, chosen headers and the body (JSON bodies
 //     canonicalised: key order and spacing do not matter; a JSON body nested
 //     deeper than `max_json_depth` is 400 at once; form bodies with their
@@ -55,11 +56,24 @@
 #include <variant>
 #include <vector>
 
+#include "orpheus/api_keys.hpp"
 #include "orpheus/beast/server.hpp"
 #include "orpheus/manager.hpp"
 #include "orpheus/work_pool.hpp"
 
 namespace orpheus::beast {
+
+/// The caller's identity (the scope of its keys) from a request; nullopt
+/// when the request does not authenticate one.
+using scope_function = std::function<std::optional<std::string>(const http_request&)>;
+
+/// What middleware_options::scope is for callers with API keys: `prefix` +
+/// the client whose key the request's `Authorization: Bearer <key>` carries
+/// (api_keys::client_of()), or nullopt (401) for a request without one, with
+/// another scheme, or with a key `keys` does not hold.
+///
+///   options.scope = orpheus::beast::bearer_scope(orpheus::api_keys::load(path));
+[[nodiscard]] scope_function bearer_scope(api_keys keys, std::string prefix = "client:");
 
 struct middleware_options {
   std::string key_header = "Idempotency-Key";
@@ -69,7 +83,11 @@ struct middleware_options {
   /// Request headers that are part of the fingerprint (case-insensitive).
   std::vector<std::string> fingerprint_headers;
   /// The caller's identity, from the authenticated request; nullopt: 401.
-  std::function<std::optional<std::string>(const http_request&)> scope;
+  /// orpheus/api_keys.hpp reads bearer tokens (`Authorization: Bearer`).
+  scope_function scope;
+  /// The challenge every 401 carries in `WWW-Authenticate` (HTTP requires
+  /// one): the scheme `scope` authenticates with, and its parameters.
+  std::string www_authenticate = "Bearer";
   /// Wait up to wait.wait_for for a concurrent attempt instead of answering
   /// 409 at once; the wait is a timer, not a pool thread.
   process_options wait;
@@ -144,7 +162,8 @@ class middleware {
                                                      const std::vector<std::string>& headers,
                                                      std::size_t max_json_depth = 64);
 
-  /// An error as the HTTP answer: problem+json, Retry-After, the key echoed.
+  /// An error as the HTTP answer: problem+json, Retry-After, the key echoed,
+  /// and on a 401 `WWW-Authenticate` (middleware_options::www_authenticate).
   [[nodiscard]] http_response error_response(const error_info& e, const std::string& key) const;
 
  private:
