@@ -1,7 +1,7 @@
 #include "orpheus/api_keys.hpp"
 
+#include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "orpheus/error.hpp"
@@ -113,11 +113,18 @@ api_keys api_keys::parse(std::string_view text) {
 }
 
 api_keys api_keys::load(const std::string& path) {
+  // Not a stream's `<< rdbuf()`: a directory opens, reads nothing and says
+  // nothing, and a read error part way would load half a table (review).
+  std::error_code ec;
+  const bool regular = std::filesystem::is_regular_file(path, ec);
+  const auto size = regular ? std::filesystem::file_size(path, ec) : 0;
   std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || in.bad()) throw config_error("api keys: cannot read " + path);
-  return parse(text.str());
+  std::string text(ec ? 0 : size, '\0');
+  if (!regular || ec || !in || !in.read(text.data(), static_cast<std::streamsize>(text.size())) ||
+      in.peek() != std::ifstream::traits_type::eof()) {
+    throw config_error("api keys: cannot read " + path + " (a regular file that stays put)");
+  }
+  return parse(text);
 }
 
 std::optional<std::string> api_keys::client_of(std::string_view authorization) const {

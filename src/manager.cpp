@@ -58,6 +58,42 @@ bool lease_is_live(const record& r) {
   return r.state == record_state::in_progress && r.lease_expires_us > r.db_now_us;
 }
 
+/// The shard config::observer is told about; 0 if it cannot be had (an
+/// observer never fails a request).
+std::size_t shard_for_observer(const store& s, const request_id& id) noexcept {
+  try {
+    return s.shard_of(id);
+  } catch (...) {
+    return 0;
+  }
+}
+
+/// Tells config::observer, when there is one, that `e` happened to `id`.
+void note(const config& c, const store& s, const request_id& id, request_event e) noexcept {
+  if (c.observer) c.observer->on_event(shard_for_observer(s, id), e);
+}
+
+/// Times one phase for config::observer, to its end or its exception.
+class phase_timer {
+ public:
+  phase_timer(const config& c, const store& s, const request_id& id, request_phase p) noexcept
+      : observer_(c.observer.get()),
+        shard_(observer_ != nullptr ? shard_for_observer(s, id) : 0),
+        phase_(p),
+        started_(observer_ != nullptr ? clock::now() : clock::time_point{}) {}
+  phase_timer(const phase_timer&) = delete;
+  phase_timer& operator=(const phase_timer&) = delete;
+  ~phase_timer() {
+    if (observer_ != nullptr) observer_->on_phase(shard_, phase_, clock::now() - started_);
+  }
+
+ private:
+  observer* observer_;
+  std::size_t shard_;
+  request_phase phase_;
+  clock::time_point started_;
+};
+
 }  // namespace
 
 std::string_view to_string(record_state s) noexcept {
@@ -232,8 +268,9 @@ void alert_parked(const config& c, const parked_event& event) noexcept {
   }
 }
 
-void park_and_alert(std::unique_ptr<detail::record_tx>& t, const request_id& id, const record& r,
-                    std::string_view reason, const config& c, std::string_view runner) {
+void park_and_alert(const store& s, std::unique_ptr<detail::record_tx>& t, const request_id& id,
+                    const record& r, std::string_view reason, const config& c,
+                    std::string_view runner) {
   const std::string why = std::string(reason) + " after " + std::to_string(r.attempts) +
                           " attempts; last error: " + r.last_error;
   t->park(id, why, runner);
@@ -250,6 +287,13 @@ void park_and_alert(std::unique_ptr<detail::record_tx>& t, const request_id& id,
   }
   t.reset();
   log(log_level::warning, "scope " + id.scope + " key " + id.key + ": parked, " + why);
+  if (c.observer) {
+    const std::size_t shard = shard_for_observer(s, id);
+    if (reason == codes::attempts_exhausted || reason == codes::retry_window_exhausted) {
+      c.observer->on_event(shard, request_event::attempts_exhausted);
+    }
+    c.observer->on_event(shard, request_event::parked);
+  }
   alert_parked(c, event);
 }
 
@@ -378,6 +422,7 @@ void record_after_rpc(const after_rpc& w,
   // An in-doubt RPC keeps its lease (to its end): releasing it would let a
   // retry overlap the call that may still run downstream.
   const bool rpc_in_doubt = w.failure && w.failure->in_doubt();
+  const phase_timer timed(w.c, w.s, w.id, request_phase::record);
   const auto leave = [&](std::string_view why) {
     if (!rpc_in_doubt) {
       release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
@@ -475,6 +520,26 @@ struct manager::flow_run {
 
 response manager::run(const request_id& id, const detail::phases& p, const process_options& options,
                       const detail::run_context& ctx) {
+  observer* const o = config_.observer.get();
+  if (o == nullptr) return run_unobserved(id, p, options, ctx);
+  request_outcome outcome = request_outcome::refused;
+  try {
+    response r = run_unobserved(id, p, options, ctx);
+    outcome = r.replayed ? request_outcome::replayed : request_outcome::recorded;
+    o->on_request(shard_for_observer(store_, id), outcome);
+    return r;
+  } catch (...) {
+    try {
+      outcome = outcome_of(classify(std::current_exception(), config_.unclassified));
+    } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: refused it is
+    }
+    o->on_request(shard_for_observer(store_, id), outcome);
+    throw;
+  }
+}
+
+response manager::run_unobserved(const request_id& id, const detail::phases& p,
+                                 const process_options& options, const detail::run_context& ctx) {
   validate(id);  // bad input: before any database work
   const auto wait_until = clock::now() + options.wait_for;
   lease_terms terms = detail::terms_of(config_);
@@ -500,7 +565,11 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
   // changed the record between our read and our write.
   for (int round = 0; round < 8; ++round) {
     // 1. Replay fast path: one read, no transaction, no lock.
-    std::optional<record> seen = store_.read(id);
+    std::optional<record> seen;
+    {
+      const phase_timer timed(config_, store_, id, request_phase::read);
+      seen = store_.read(id);
+    }
     if (seen) {
       if (replay_cache_) replay_cache_->put(id, *seen, read_at);  // terminal ones only
       if (seen->fingerprint != id.fingerprint) throw_mismatch();
@@ -533,7 +602,11 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
     std::string owner = random_token();
     std::optional<error_info> unreadable;      // a take-over that cannot go on
     std::optional<detail::progress> progress;  // a multi-step request's recovery point
+    // What transaction 1 did to the key, told to config::observer once it
+    // committed: a new record, or a take-over or retry of an old one.
+    std::optional<request_event> acquired;
     try {
+      const phase_timer timed(config_, store_, id, request_phase::acquire);
       if (!seen) {
         // A new request, in the transaction every new key makes: a job of
         // the backend (transact), which commits it. Throwing undoes it.
@@ -582,6 +655,7 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
           continue;
         }
         attempt_number = 1;
+        acquired = request_event::new_key;
       } else {
         auto t = detail::begin_record_tx(store_, id);
         std::optional<record> locked = t->lock(id);
@@ -628,7 +702,7 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
             locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
         if (no_attempts || no_window) {
-          park_and_alert(t, id, *locked,
+          park_and_alert(store_, t, id, *locked,
                          no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
                          config_, ctx.runner);
           throw_parked(config_.parked_retry_after);
@@ -666,7 +740,7 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
         if (unreadable && ctx.runner == runner_completer) {
           // Nobody is waiting for this answer, and a later pass would meet
           // the same result: a person decides (requeue after a deploy).
-          park_and_alert(t, id, *locked, codes::pre_state_unreadable, config_, ctx.runner);
+          park_and_alert(store_, t, id, *locked, codes::pre_state_unreadable, config_, ctx.runner);
           throw_parked(config_.parked_retry_after);
         }
         if (unreadable) {
@@ -675,6 +749,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
         } else {
           t->take_lease(id, owner, locked->attempts + 1, terms);
           attempt_number = locked->attempts + 1;
+          acquired = locked->state == record_state::in_progress ? request_event::takeover
+                                                                : request_event::retry;
         }
         t->commit();
       }
@@ -686,6 +762,7 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
       }
       throw;
     }
+    if (acquired) note(config_, store_, id, *acquired);
     if (unreadable) {
       log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(*unreadable));
       throw error(*unreadable);
@@ -709,7 +786,11 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
                                  "the request ran out of time before calling downstream; "
                                  "retry with the same key"));
     }
-    const std::optional<error_info> failure = p.rpc(a);
+    std::optional<error_info> failure;
+    {
+      const phase_timer timed(config_, store_, id, request_phase::rpc);
+      failure = p.rpc(a);
+    }
 
     // 4. Record (transaction 2), fenced by the owner token.
     const std::int64_t backoff = backoff_us(a.number());
@@ -766,7 +847,11 @@ response manager::run_flow(flow_run& f) {
     const std::int64_t backoff = backoff_us(f.number);
     ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
     nlohmann::json result;
-    const std::optional<error_info> failure = s.rpc(a, step_results(f.progress.done), result);
+    std::optional<error_info> failure;
+    {
+      const phase_timer timed(config_, store_, f.id, request_phase::rpc);
+      failure = s.rpc(a, step_results(f.progress.done), result);
+    }
     if (!failure) {
       // The step's SQL and its result commit together: the recovery point,
       // with the lease renewed for the next step, or after the last step the
@@ -997,7 +1082,7 @@ response manager::complete(const request_id& id, std::string_view handler, int v
                         ? ""
                         : " (this build has version " + std::to_string(h->second.version) + ")") +
                    (r->last_error.empty() ? "" : "; " + r->last_error);
-  park_and_alert(t, id, why, codes::handler_unknown, config_, runner_completer);
+  park_and_alert(store_, t, id, why, codes::handler_unknown, config_, runner_completer);
   throw_parked(config_.parked_retry_after);
 }
 

@@ -17,7 +17,8 @@ Usage: pay_client --server URL --amount N [flags]
                       KEY`; by default the environment's ORPHEUS_API_KEY (a
                       flag shows in the process list, the environment not)
   --client ID         instead of a key, for a server run with
-                      --trust-client-id-header (local testing): X-Client-Id
+                      --trust-client-id-header (local testing): X-Client-Id;
+                      ORPHEUS_API_KEY is then not used
   --amount N          minor units, e.g. 1250
   --currency C        three letters (default EUR)
   --customer C        (default cus_1)
@@ -40,9 +41,11 @@ other answer, 2 on bad flags, 3 when it gave up without a final answer.
 int main(int argc, char** argv) {
   examples::flags f(argc, argv, usage);
   const auto server = f.str("server", "");
-  const char* env_key = std::getenv("ORPHEUS_API_KEY");
-  const auto api_key = f.str("api-key", env_key != nullptr ? env_key : "");
   const auto client = f.str("client", "");
+  // The environment's key is the default only when no --client says who
+  // is paying (found in review: an exported key blocked --client).
+  const char* env_key = std::getenv("ORPHEUS_API_KEY");
+  const auto api_key = f.str("api-key", env_key != nullptr && client.empty() ? env_key : "");
   const long amount = f.num("amount", 0);
   const auto currency = f.str("currency", "EUR");
   const auto customer = f.str("customer", "cus_1");

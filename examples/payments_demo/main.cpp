@@ -32,8 +32,10 @@ Usage: payments_demo --server URL --bank URL --api-key KEY [flags]
 With the payment in steps (authorise, capture, notify the ledger), the bank's
 ledger is the judge: every capture notified once, every authorisation either
 captured or voided ("left unfinished", printed in steps only, counts the
-others). Exits 1 on a double charge, a payment left unfinished, or a double
-click answered differently; in one charge, also when a client gave up.
+others). Exits 1 on a double charge, a payment left unfinished, a double
+click answered differently, a payment refused (a 4xx other than 402, such as
+401 for a wrong --api-key), or no payment succeeding; in one charge, also
+when a client gave up.
 )";
 
 namespace http = boost::beast::http;
@@ -42,6 +44,9 @@ using orpheus::beast::http_response;
 
 struct totals {
   std::atomic<long> attempts{0}, replays{0}, succeeded{0}, declined{0}, gave_up{0}, mismatched{0};
+  /// Final answers that refuse the request itself (401, 400, 422, ...): a
+  /// demo whose every payment got one would otherwise pass with 0 charges.
+  std::atomic<long> refused{0};
   std::atomic<long> out_of_attempts{0}, out_of_time{0}, out_of_budget{0};
 };
 
@@ -125,6 +130,7 @@ int main(int argc, char** argv) {
         if (!res) continue;
         if (res->result_int() == 201) ++t.succeeded;
         if (res->result_int() == 402) ++t.declined;
+        if (res->result_int() / 100 == 4 && res->result_int() != 402) ++t.refused;
         if (again(rng)) {  // the double click: the same logical request again
           const auto dup = send_payment(api, req, t);
           if (!dup || dup->body() != res->body()) ++t.mismatched;
@@ -158,6 +164,7 @@ int main(int argc, char** argv) {
             << "HTTP attempts        " << t.attempts << "\n"
             << "replayed answers     " << t.replays << "\n"
             << "succeeded / declined " << t.succeeded << " / " << t.declined << "\n"
+            << "refused (4xx)        " << t.refused << "\n"
             << "gave up              " << t.gave_up << " (attempts " << t.out_of_attempts
             << ", deadline " << t.out_of_time << ", budget " << t.out_of_budget << ")\n"
             << "charges at the bank  " << charges << "\n";
@@ -172,7 +179,7 @@ int main(int argc, char** argv) {
   if (in_steps) std::cout << "left unfinished      " << unfinished << "\n";
   // In steps, a payment whose client gave up is finished by the completer:
   // the bank's ledger is the judge. In one charge, every answer counts.
-  const bool ok = doubles == 0 && t.mismatched == 0 &&
+  const bool ok = doubles == 0 && t.mismatched == 0 && t.refused == 0 && t.succeeded > 0 &&
                   (in_steps ? unfinished == 0 && ledger.value("double_notified", 0L) == 0 &&
                                   charges >= t.succeeded
                             : charges == t.succeeded && t.gave_up == 0);

@@ -21,14 +21,20 @@ callers::callers(std::optional<orpheus::api_keys> keys, bool trust_client_id_hea
         "no way to authenticate callers: give --api-keys FILE (or, for local testing only, "
         "--trust-client-id-header)");
   }
+  // Found in review: with both, a request without Authorization could name
+  // a key holder in X-Client-Id and read, replay, block or make its payments.
+  if (keys_ && trust_client_id_header_) {
+    throw orpheus::config_error(
+        "--trust-client-id-header cannot be combined with --api-keys: a caller without a key "
+        "could name a key holder in X-Client-Id");
+  }
 }
 
 std::optional<std::string> callers::client_of(const orpheus::beast::http_request& req) const {
-  const auto authorization = req.find(http::field::authorization);
-  if (authorization != req.end() || !trust_client_id_header_) {
-    if (!keys_ || authorization == req.end()) return std::nullopt;
-    return keys_->client_of(sv(authorization->value()));
-  }
+  if (keys_) return keys_->client_of(sv(req[http::field::authorization]));
+  // --trust-client-id-header (and no keys): a request that sends a bearer
+  // token is refused, not believed for its header.
+  if (req.find(http::field::authorization) != req.end()) return std::nullopt;
   const auto id = sv(req["X-Client-Id"]);
   if (id.empty()) return std::nullopt;
   return std::string(id);

@@ -4,9 +4,11 @@
 //   --api-keys FILE             `Authorization: Bearer <key>`, the key looked
 //                               up in FILE (one `<key> <client>` per line)
 //   --trust-client-id-header    X-Client-Id names the client, unchecked: for
-//                               local testing only
+//                               local testing only; a request that sends
+//                               Authorization is refused
 //
-// With both, a request that sends Authorization is judged by its key alone.
+// One of the two, never both: a caller without a key could then name a key
+// holder in X-Client-Id.
 #pragma once
 
 #include <optional>
@@ -20,8 +22,7 @@ namespace examples::payments_server {
 
 class callers {
  public:
-  /// Throws orpheus::config_error when neither way is on (every request
-  /// would be refused).
+  /// Throws orpheus::config_error unless exactly one way is on.
   callers(std::optional<orpheus::api_keys> keys, bool trust_client_id_header);
 
   /// The client `req` authenticates as, or nullopt (401).

@@ -20,11 +20,10 @@ using orpheus::beast::http_request;
 
 // The RPC and Post-RPC, registered once: a payment whose client went away
 // (or whose server was killed) is finished by the completer with these.
-void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank, metrics& stats) {
+void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank) {
   m.register_handler<payment>(
       std::string(single_handler), 1,
-      [&bank, &stats](const orpheus::attempt& a, const payment& p) {  // RPC
-        if (a.is_retry()) stats.takeover();
+      [&bank](const orpheus::attempt& a, const payment& p) {  // RPC
         return orpheus::payment::charge_once(bank, a, {p.id, p.amount, p.currency});
       },
       [](orpheus::tx& tx, const orpheus::attempt&, const payment& p,
@@ -47,15 +46,13 @@ void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& ban
 // pivot: from here on the payment only goes forward), tell the ledger.
 // Each step's result is recorded as it finishes; a retry, or the completer,
 // resumes at the first unfinished step (docs/steps.md).
-void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, metrics& stats) {
+void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank) {
   // Each bank call gets what is left of the attempt's deadline; with none
   // left it is not sent (orpheus::payment::time_left).
   using orpheus::payment::time_left;
   orpheus::steps<payment> flow;
   flow.step("authorise",
-            [&bank, &stats](const orpheus::attempt& a, const payment& p,
-                            const orpheus::step_results&) {
-              if (a.is_retry()) stats.takeover();
+            [&bank](const orpheus::attempt& a, const payment& p, const orpheus::step_results&) {
               return bank.authorise(a.downstream_key("authorise"), {p.id, p.amount, p.currency},
                                     time_left(a));
             })

@@ -4,7 +4,6 @@
 #include <string_view>
 
 #include "gateway.hpp"
-#include "metrics.hpp"
 #include "orpheus/beast/server.hpp"
 #include "orpheus/manager.hpp"
 
@@ -23,12 +22,12 @@ inline constexpr std::string_view steps_handler = "create_payment_steps";
 /// Registers the charge (RPC) and its record (Post-RPC) with the manager, so
 /// that a completer can finish a payment whose client went away. Once,
 /// before serving.
-void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank, metrics& stats);
+void register_create_payment(orpheus::manager& m, orpheus::payment::gateway& bank);
 
 /// The same payment in three recorded steps against the bank simulator's
 /// two-step API: authorise (compensated by a void), capture (the pivot),
 /// notify the bank's ledger. Registered as steps_handler.
-void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank, metrics& stats);
+void register_create_payment_in_steps(orpheus::manager& m, bank_gateway& bank);
 
 /// Records the payment, charges it at the bank once, records the charge and
 /// answers 201 (or the classified error), through the middleware: a retry

@@ -26,13 +26,15 @@ namespace {
 constexpr const char* usage = R"(payments_server: POST /v1/payments, made idempotent with Orpheus
 
 Usage: payments_server --bank URL --api-keys FILE [flags]
-  --api-keys FILE       the callers: one `<key> <client>` per line (# starts a
-                        comment). A caller sends `Authorization: Bearer <key>`
-                        and is that client: its idempotency keys and payments
-                        are its own. A missing or unknown key is 401
-  --trust-client-id-header  for local testing only: a request without
-                        Authorization is the client its X-Client-Id header
-                        names, unchecked. One of the two is required
+  --api-keys FILE       the callers: one `<key> <client>` per line (a line
+                        starting with # is a comment). A caller sends
+                        `Authorization: Bearer <key>` and is that client: its
+                        idempotency keys and payments are its own. A missing
+                        or unknown key is 401. Read at start-up
+  --trust-client-id-header  instead, for local testing only: a request is
+                        the client its X-Client-Id header names, unchecked
+                        (one with Authorization is 401). One of the two is
+                        required, and not both
   --port N              listen on 127.0.0.1:N (default 0: any free port)
   --store S             sqlite:PATH (default sqlite:payments.db), or a MySQL
                         shard URL mysql://user:pass@host:port/db; repeat the
@@ -93,7 +95,9 @@ API (the caller authenticates with `Authorization: Bearer <api key>`)
                         carry Idempotent-Replayed: true
   GET /v1/payments/ID   the caller's payment, or 404
   GET /healthz          200 ok
-  GET /metrics          Prometheus text format
+  GET /metrics          Prometheus text format: the library's series
+                        (orpheus_*, docs/metrics.md) and the server's
+                        (payments_*)
   GET /ledger           (--bank inproc only) the in-process bank's ledger, as
                         the bank simulator's GET /ledger
 )";
@@ -131,6 +135,11 @@ int main(int argc, char** argv) {
       "replay-cache-ttl-ms", std::min<long>(60000, static_cast<long>(cfg.retention.count()))));
   f.done();
   if (bank_url.empty()) f.fail("--bank is required");
+  if (!api_keys_path.empty() && trust_client_id_header) {
+    f.fail(
+        "--trust-client-id-header cannot be combined with --api-keys: a caller without a key "
+        "could name a key holder in X-Client-Id");
+  }
   if (flow != "steps" && flow != "single") f.fail("--flow is steps or single");
   if (flow == "steps" && bank_url == "inproc") f.fail("--bank inproc charges in one step only");
   if (port < 0 || port > 65535 || workers < 1 || queue < 1)
@@ -162,6 +171,8 @@ int main(int argc, char** argv) {
     if (bank_url != "inproc") bank_endpoint = orpheus::beast::parse_http_url(bank_url);
     auto store = open_store(store_specs);
     migrate_schema(*store);
+    metrics stats(store->shard_count());  // GET /metrics: the library's series and ours
+    cfg.observer = stats.library_observer();
     orpheus::manager manager(*store, cfg);  // refuses rpc_timeout >= lease
 
     const examples::stop_signals stop;  // before any thread starts
@@ -180,12 +191,11 @@ int main(int argc, char** argv) {
       bank = std::move(b);
     }
 
-    metrics stats;
     // Before serving. Both, with steps: a payment made in one charge (by an
     // older server, or with --flow single, on the same store) is still
     // finished as one, by its client's retry or the completer.
-    register_create_payment(manager, *bank, stats);
-    if (flow == "steps") register_create_payment_in_steps(manager, *http_bank, stats);
+    register_create_payment(manager, *bank);
+    if (flow == "steps") register_create_payment_in_steps(manager, *http_bank);
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::beast::middleware_options mw_options;
     mw_options.scope = [&who](const http_request& req) { return who.scope_of(req); };

@@ -1,62 +1,60 @@
 #include "metrics.hpp"
 
-#include <sstream>
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
 
 namespace examples::payments_server {
+namespace {
+
+constexpr const char* method_names[] = {"GET", "POST", "other"};
+constexpr const char* outcome_names[] = {"1xx", "2xx", "3xx", "4xx", "5xx", "replayed", "conflict"};
+
+}  // namespace
+
+metrics::metrics(std::size_t shards)
+    : registry_(std::make_unique<::prometheus::Registry>()),
+      library_(std::make_shared<orpheus::prometheus::observer>(*registry_, shards)) {
+  auto& requests = ::prometheus::BuildCounter()
+                       .Name("payments_requests_total")
+                       .Help("Requests answered, by method and outcome")
+                       .Register(*registry_);
+  for (std::size_t m = 0; m < methods; ++m) {
+    for (std::size_t o = 0; o < outcomes; ++o) {
+      requests_[m][o] = &requests.Add({{"method", method_names[m]}, {"outcome", outcome_names[o]}});
+    }
+  }
+  duration_ = &::prometheus::BuildHistogram()
+                   .Name("payments_request_duration_seconds")
+                   .Help("Time to answer a request")
+                   .Register(*registry_)
+                   .Add({}, ::prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1,
+                                                                      0.5, 1, 5});
+  purged_ = &::prometheus::BuildCounter()
+                 .Name("payments_records_purged_total")
+                 .Help("Expired idempotency records deleted")
+                 .Register(*registry_)
+                 .Add({});
+}
+
+metrics::~metrics() = default;
 
 void metrics::observe(const orpheus::beast::http_request& req,
                       const orpheus::beast::http_response& res, std::chrono::microseconds took) {
-  std::lock_guard lock(m_);
-  const bool replay = res.find("Idempotent-Replayed") != res.end();
-  std::string outcome = replay ? "replayed" : std::to_string(res.result_int() / 100) + "xx";
-  if (res.result_int() == 409) outcome = "conflict";
-  ++requests_[std::string(req.method_string()) + "\",outcome=\"" + outcome];
-  const double s = static_cast<double>(took.count()) / 1e6;
-  for (std::size_t i = 0; i < bounds_.size(); ++i) {
-    if (s <= bounds_[i]) ++buckets_[i];
-  }
-  ++count_;
-  sum_ += s;
+  const auto method = req.method();
+  const std::size_t m = method == boost::beast::http::verb::get    ? 0
+                        : method == boost::beast::http::verb::post ? 1
+                                                                   : 2;
+  const unsigned status = res.result_int();
+  std::size_t o = status >= 100 && status < 600 ? status / 100 - 1 : 4;  // odd ones as 5xx
+  if (status == 409) o = 6;
+  if (res.find("Idempotent-Replayed") != res.end()) o = 5;
+  requests_[m][o]->Increment();
+  duration_->Observe(std::chrono::duration<double>(took).count());
 }
 
-void metrics::takeover() {
-  std::lock_guard lock(m_);
-  ++takeovers_;
-}
+void metrics::purged(std::size_t n) { purged_->Increment(static_cast<double>(n)); }
 
-void metrics::purged(std::size_t n) {
-  std::lock_guard lock(m_);
-  purged_ += static_cast<long>(n);
-}
-
-std::string metrics::text() {
-  std::lock_guard lock(m_);
-  std::ostringstream o;
-  o << "# HELP payments_requests_total Requests answered, by method and outcome.\n"
-       "# TYPE payments_requests_total counter\n";
-  for (const auto& [k, n] : requests_)
-    o << "payments_requests_total{method=\"" << k << "\"} " << n << "\n";
-  o << "# HELP payments_lease_takeovers_total Attempts that took over an expired or retryable "
-       "key.\n"
-       "# TYPE payments_lease_takeovers_total counter\n"
-       "payments_lease_takeovers_total "
-    << takeovers_
-    << "\n"
-       "# HELP payments_records_purged_total Expired idempotency records deleted.\n"
-       "# TYPE payments_records_purged_total counter\n"
-       "payments_records_purged_total "
-    << purged_
-    << "\n"
-       "# HELP payments_request_duration_seconds Time to answer a request.\n"
-       "# TYPE payments_request_duration_seconds histogram\n";
-  for (std::size_t i = 0; i < bounds_.size(); ++i) {
-    o << "payments_request_duration_seconds_bucket{le=\"" << bounds_[i] << "\"} " << buckets_[i]
-      << "\n";
-  }
-  o << "payments_request_duration_seconds_bucket{le=\"+Inf\"} " << count_ << "\n"
-    << "payments_request_duration_seconds_sum " << sum_ << "\n"
-    << "payments_request_duration_seconds_count " << count_ << "\n";
-  return o.str();
-}
+std::string metrics::text() const { return orpheus::prometheus::text_of(*registry_); }
 
 }  // namespace examples::payments_server

@@ -1,38 +1,54 @@
-// The payments server's GET /metrics: requests by method and outcome, lease
-// take-overs, purged records and a latency histogram, in the Prometheus text
-// format. Thread-safe: every method takes one mutex.
+// The payments server's GET /metrics, on prometheus-cpp: the library's own
+// series (orpheus_requests_total, orpheus_key_events_total,
+// orpheus_phase_duration_seconds, from orpheus::prometheus::observer) and
+// the server's (requests by method and HTTP outcome, their latency, purged
+// records), in one registry, rendered by prometheus-cpp's text serialiser.
+// Thread-safe.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
-#include <map>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "orpheus/beast/server.hpp"
+#include "orpheus/prometheus/observer.hpp"
+
+namespace prometheus {
+class Registry;
+}
 
 namespace examples::payments_server {
 
 class metrics {
  public:
+  /// The library's series for shards 0 .. shards-1.
+  explicit metrics(std::size_t shards);
+  metrics(const metrics&) = delete;
+  metrics& operator=(const metrics&) = delete;
+  ~metrics();
+
+  /// What the manager reports to (orpheus::config::observer).
+  [[nodiscard]] std::shared_ptr<orpheus::observer> library_observer() const { return library_; }
   /// One answered request (the middleware's `observe` hook).
   void observe(const orpheus::beast::http_request& req, const orpheus::beast::http_response& res,
                std::chrono::microseconds took);
-  /// An attempt that took over an expired or retryable key.
-  void takeover();
   /// Expired idempotency records deleted.
   void purged(std::size_t n);
-  /// Everything counted so far, as GET /metrics answers it.
-  [[nodiscard]] std::string text();
+  /// Everything, in the Prometheus text format (orpheus::prometheus::content_type).
+  [[nodiscard]] std::string text() const;
 
  private:
-  std::mutex m_;
-  std::map<std::string, long> requests_;
-  const std::vector<double> bounds_{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
-  std::vector<long> buckets_ = std::vector<long>(8);
-  long count_ = 0, takeovers_ = 0, purged_ = 0;
-  double sum_ = 0;
+  // Methods GET, POST, other; outcomes 1xx .. 5xx, replayed, conflict.
+  static constexpr std::size_t methods = 3;
+  static constexpr std::size_t outcomes = 7;
+
+  std::unique_ptr<::prometheus::Registry> registry_;
+  std::shared_ptr<orpheus::prometheus::observer> library_;
+  std::array<std::array<::prometheus::Counter*, outcomes>, methods> requests_{};
+  ::prometheus::Histogram* duration_ = nullptr;
+  ::prometheus::Counter* purged_ = nullptr;
 };
 
 }  // namespace examples::payments_server

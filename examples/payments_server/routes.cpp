@@ -72,7 +72,8 @@ orpheus::beast::handler routes(services s) {
       return respond(make_response(200, s.inproc->ledger(), "application/json"));
     }
     if (req.method() == http::verb::get && target == "/metrics") {
-      return respond(make_response(200, s.stats.text(), "text/plain; version=0.0.4"));
+      return respond(
+          make_response(200, s.stats.text(), std::string(orpheus::prometheus::content_type)));
     }
     respond(make_response(404, "not found\n"));
   };

@@ -96,6 +96,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/error.hpp"
+#include "orpheus/observer.hpp"
 #include "orpheus/problem.hpp"
 #include "orpheus/request.hpp"
 #include "orpheus/steps.hpp"
@@ -136,6 +137,10 @@ struct config {
   /// that parked it: keep it short (queue an alert, page someone). What it
   /// throws is logged and dropped.
   std::function<void(const parked_event&)> on_parked{};
+  /// Told how each request ended, what happened to its key and how long
+  /// each phase took, per shard (orpheus/observer.hpp); none by default. The
+  /// Prometheus adapter's is orpheus::prometheus::observer.
+  std::shared_ptr<orpheus::observer> observer{};
   /// The Retry-After of the answer to a parked key (codes::request_parked).
   std::chrono::milliseconds parked_retry_after = std::chrono::seconds{60};
   /// How long a completer waits before it retries a request that failed in a
@@ -401,8 +406,11 @@ class manager {
                         const pre_function& pre, const steps<PreState>& flow,
                         const process_options& options);
   const registered_handler& handler_named(std::string_view name) const;
+  /// run_unobserved(), and config::observer told how it ended.
   response run(const request_id& id, const detail::phases& p, const process_options& options,
                const detail::run_context& ctx);
+  response run_unobserved(const request_id& id, const detail::phases& p,
+                          const process_options& options, const detail::run_context& ctx);
   struct flow_run;
   response run_flow(flow_run& f);
   response compensate_and_fail(flow_run& f, const attempt* failed_step,

@@ -63,4 +63,10 @@ if [ $with_mysql = ON ]; then
 else
   refused "sqlite;mysql" "built without MySQL (-DORPHEUS_WITH_MYSQL=OFF)"
 fi
+case ",$built," in
+*",prometheus,"*)
+  components "prometheus" "orpheus::core;prometheus-cpp::core" \
+    "orpheus::sqlite;orpheus::beast;Boost::headers;orpheus::mysql" ;;
+*) refused "prometheus" "built without it (-DORPHEUS_WITH_PROMETHEUS=OFF)" ;;
+esac
 refused "sqlite;nosuch" "'nosuch' is not a component"

@@ -86,9 +86,11 @@ class Http : public testing::TestWithParam<std::string> {
   void start_payments(std::vector<std::string> extra = {}) {
     payments_.start(payments_argv(extra));
   }
-  // The payments server's command line: the store, the bank, and the API
-  // keys of the callers the tests use (key_of()).
-  std::vector<std::string> payments_argv(const std::vector<std::string>& extra = {}) {
+  // The payments server's command line: the store, the bank, and (unless
+  // `with_keys` is false) the API keys of the callers the tests use
+  // (key_of()).
+  std::vector<std::string> payments_argv(const std::vector<std::string>& extra = {},
+                                         bool with_keys = true) {
     const auto keys = dir_ / "api-keys";
     std::ofstream(keys) << "# the tests' callers\n"
                         << key_of(client_) << " " << client_ << "\n"
@@ -97,6 +99,7 @@ class Http : public testing::TestWithParam<std::string> {
     std::vector<std::string> argv{
         ORPHEUS_BINARY_DIR "/examples/payments_server",   "--store",    store_,       "--bank",
         "http://127.0.0.1:" + std::to_string(bank_.port), "--api-keys", keys.string()};
+    if (!with_keys) argv.resize(argv.size() - 2);
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   }
@@ -334,23 +337,27 @@ TEST_P(Http, AWrongOrMissingBearerTokenIs401AndTouchesNothing) {
   EXPECT_EQ(ledger()["charges"], 1);
 }
 
-// --trust-client-id-header (local testing): a request without Authorization
-// is the client X-Client-Id names; one with Authorization is judged by its
-// key alone.
+// --trust-client-id-header (local testing, never with --api-keys): a request
+// is the client X-Client-Id names; one that sends Authorization is refused,
+// not believed for its header.
 TEST_P(Http, TrustingTheClientIdHeaderTakesItOnlyWithoutAuthorization) {
   start_bank();
-  start_payments({"--trust-client-id-header"});
+  payments_.start(payments_argv({"--trust-client-id-header"}, false));
   http_request req{http::verb::post, "/v1/payments", 11};
   req.set("X-Client-Id", client_);
   req.set("Idempotency-Key", "header-key");
   req.set(http::field::content_type, "application/json");
   req.body() = nlohmann::json{{"amount", 300}, {"currency", "EUR"}, {"customer", "c1"}}.dump();
   EXPECT_EQ(send(payments_.port, req).result_int(), 201U);
-  // The same client by its key: the same scope, so a replay.
-  EXPECT_EQ(pay("header-key", 300)["Idempotent-Replayed"], "true");
-  req.set(http::field::authorization, "Bearer sk_test_nobody_00000000");
+  EXPECT_EQ(send(payments_.port, req)["Idempotent-Replayed"], "true");
+  auto other = req;
+  other.set("X-Client-Id", "bob-" + client_);  // another client: its own scope
+  const auto bobs = send(payments_.port, other);
+  EXPECT_EQ(bobs.result_int(), 201U);
+  EXPECT_TRUE(bobs["Idempotent-Replayed"].empty());
+  req.set(http::field::authorization, "Bearer " + key_of(client_));
   EXPECT_EQ(send(payments_.port, req).result_int(), 401U);
-  EXPECT_EQ(ledger()["charges"], 1);
+  EXPECT_EQ(ledger()["charges"], 2);
 }
 
 // In one charge (--flow single): the bank's deduplication is not what saves
@@ -452,12 +459,22 @@ TEST_P(Http, MetricsCountOutcomesAndSigtermStopsCleanly) {
   EXPECT_EQ(pay("m-1", 100).result_int(), 201U);
   EXPECT_EQ(pay("m-1", 100)["Idempotent-Replayed"], "true");
   EXPECT_EQ(pay("", 100).result_int(), 400U);
-  const auto text = send(payments_.port, http_request{http::verb::get, "/metrics", 11}).body();
+  const auto metrics = send(payments_.port, http_request{http::verb::get, "/metrics", 11});
+  EXPECT_EQ(metrics[http::field::content_type], "text/plain; version=0.0.4; charset=utf-8");
+  const auto& text = metrics.body();
   for (const auto* line :
        {"payments_requests_total{method=\"POST\",outcome=\"2xx\"} 1",
         "payments_requests_total{method=\"POST\",outcome=\"replayed\"} 1",
         "payments_requests_total{method=\"POST\",outcome=\"4xx\"} 1",
-        "payments_lease_takeovers_total 0", "payments_request_duration_seconds_count 3"}) {
+        "payments_request_duration_seconds_count 3",
+        // Issue 12: the library's own series, from orpheus::prometheus (the
+        // 400 never reached the manager).
+        "orpheus_requests_total{outcome=\"recorded\",shard=\"0\"} 1",
+        "orpheus_requests_total{outcome=\"replayed\",shard=\"0\"} 1",
+        "orpheus_requests_total{outcome=\"refused\",shard=\"0\"} 0",
+        "orpheus_key_events_total{event=\"new_key\",shard=\"0\"} 1",
+        "orpheus_key_events_total{event=\"takeover\",shard=\"0\"} 0",
+        "orpheus_phase_duration_seconds_count{phase=\"acquire\",shard=\"0\"} 1"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
   }
   payments_.proc->signal(SIGTERM);

@@ -416,7 +416,7 @@ TEST_F(Middleware, BearerTokensScopeKeysAndAWrongOneTouchesNoRecord) {
 TEST_F(Middleware, RefusesAChallengeThatIsNotOneLine) {
   m_ = std::make_unique<manager>(*store_);
   work_pool pool(1, 4);
-  for (const std::string bad : {"", "Bearer\r\nSet-Cookie: x=1"}) {
+  for (const std::string bad : {"", "Bearer\r\nSet-Cookie: x=1", "Bearer\nX: 1"}) {
     middleware_options o;
     o.scope = [](const http_request&) { return std::optional<std::string>("c"); };
     o.www_authenticate = bad;

@@ -100,7 +100,7 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
   if (!options_.scope) throw config_error("middleware: a scope extractor is required");
   if (options_.www_authenticate.empty() ||
       std::any_of(options_.www_authenticate.begin(), options_.www_authenticate.end(),
-                  [](unsigned char c) { return c < 0x20 || c == 0x7f; })) {
+                  [](unsigned char c) { return (c < 0x20 && c != '\t') || c == 0x7f; })) {
     throw config_error(
         "middleware: www_authenticate (the 401's challenge) is empty or not one "
         "line of text");
