@@ -1,0 +1,201 @@
+// Idempotent unary gRPC methods, on gRPC C++'s callback API.
+//
+//   orpheus::grpc::idempotent_unary idem(manager, pool, {.scope =
+//   orpheus::grpc::bearer_scope(keys)});
+//
+//   class payments final : public Payments::CallbackService {
+//     grpc::ServerUnaryReactor* CreatePayment(grpc::CallbackServerContext* ctx,
+//                                             const PaymentRequest* req, Payment* reply) override {
+//       return idem.handle("/payments.v1.Payments/CreatePayment", ctx, req, reply,
+//           [](orpheus::tx& tx, const PaymentRequest& r) { return record_payment(tx, r); },
+//           [](const orpheus::attempt& a, const payment& p) { return charge(a, p); },
+//           [](orpheus::tx& tx, const orpheus::attempt&, const charge& c) {
+//             return payment_reply(tx, c); });  // a Payment; failures are recorded for you
+//     }
+//   };
+//
+// The same phases as the HTTP middleware (orpheus/manager.hpp, docs/grpc.md):
+//  1. the key from the call's metadata `idempotency-key` (required; the key
+//     rule of orpheus/request.hpp): missing or invalid is INVALID_ARGUMENT;
+//  2. the caller from `scope` (a bearer token in `authorization` metadata,
+//     the authenticated peer, ...): none is UNAUTHENTICATED; one caller never
+//     sees, replays or blocks another's keys;
+//  3. the fingerprint: the method's full name (handle()'s first argument: a
+//     key sent to another method is another request) and the request's
+//     deterministic serialisation; the same key with another request is
+//     FAILED_PRECONDITION;
+//  4. the phases run on the bounded work_pool, never on gRPC's threads; a
+//     full queue is UNAVAILABLE (retryable);
+//  5. the answer: the reply as recorded, byte for byte (initial metadata
+//     `idempotent-replayed: true` on a replay), or a status (status_of()):
+//       in progress, lease lost      ABORTED, with google.rpc.RetryInfo
+//       key re-used with another request  FAILED_PRECONDITION
+//       unavailable, in doubt        UNAVAILABLE (retry with the same key)
+//       invalid key or request       INVALID_ARGUMENT
+//       no caller                    UNAUTHENTICATED
+//       refused for good (recorded)  FAILED_PRECONDITION, or the code the
+//                                    recorded failure's HTTP status maps to
+//       internal                     INTERNAL
+//     every failure carries google.rpc.ErrorInfo (reason: the Orpheus code,
+//     domain "orpheus", metadata retryable and in_doubt) in
+//     `grpc-status-details-bin`.
+//
+// Thread safety: handle() may be called from any gRPC thread at once.
+// Lifetime: the pool's jobs use this object, the manager and the store: drain
+// the pool (work_pool::drain()) after the gRPC server has shut down and
+// before destroying them.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "orpheus/api_keys.hpp"
+#include "orpheus/manager.hpp"
+#include "orpheus/work_pool.hpp"
+
+namespace google::protobuf {
+class MessageLite;
+}
+
+namespace orpheus::grpc {
+
+namespace detail {
+/// A Pre-RPC in either form: (tx&, const Request&) or with the request id.
+template <class Pre, class Request>
+auto call_pre(const Pre& pre, tx& t, const Request& r, const request_id& id) {
+  if constexpr (std::is_invocable_v<const Pre&, tx&, const Request&, const request_id&>) {
+    return pre(t, r, id);
+  } else {
+    return pre(t, r);
+  }
+}
+}  // namespace detail
+
+/// The caller's identity (the scope of its keys) from a call; nullopt when
+/// the call does not authenticate one.
+using scope_function =
+    std::function<std::optional<std::string>(const ::grpc::CallbackServerContext&)>;
+
+/// A scope for callers with API keys: `prefix` + the client whose key the
+/// call's `authorization` metadata carries as `Bearer <key>`, or nullopt.
+[[nodiscard]] scope_function bearer_scope(api_keys keys, std::string prefix = "client:");
+
+struct unary_options {
+  /// The caller's identity; required.
+  scope_function scope;
+  /// The metadata key of the idempotency key (gRPC metadata keys are lower
+  /// case).
+  std::string key_metadata = "idempotency-key";
+};
+
+/// The gRPC status for `e`, with google.rpc.ErrorInfo (and RetryInfo when
+/// retry_after is set) in its details. The one place that maps an Orpheus
+/// error to gRPC.
+[[nodiscard]] ::grpc::Status status_of(const error_info& e);
+
+/// The gRPC status for a failure the library recorded in its HTTP form
+/// (problem+json: status, code, detail, retryable), as replayed.
+[[nodiscard]] ::grpc::Status status_of_recorded(const response& recorded);
+
+/// `message` serialised deterministically (map fields in key order): what
+/// is fingerprinted and what is recorded.
+[[nodiscard]] std::string bytes_of(const google::protobuf::MessageLite& message);
+
+/// For clients: whether a failed call may be sent again with the same key.
+/// An Orpheus server says so in the status's google.rpc.ErrorInfo (domain
+/// "orpheus", metadata retryable); otherwise UNAVAILABLE, ABORTED,
+/// DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED may be retried.
+[[nodiscard]] bool may_retry(const ::grpc::Status& s);
+
+/// For clients: the delay the status's google.rpc.RetryInfo asks for.
+[[nodiscard]] std::optional<std::chrono::milliseconds> retry_delay_of(const ::grpc::Status& s);
+
+class idempotent_unary {
+ public:
+  /// Throws config_error when options.scope is empty or key_metadata is not
+  /// a lower-case metadata key.
+  idempotent_unary(manager& m, work_pool& pool, unary_options options);
+
+  /// Answers the call through the returned reactor, exactly once. `method`
+  /// is the method's full name ("/package.Service/Method"), part of the
+  /// fingerprint. `pre(tx&, const Request&) -> PreState` (or with a third
+  /// argument, the call's `const request_id&`), `rpc(const attempt&, const
+  /// PreState&) -> T`, `post(tx&, const attempt&, const T&) -> Reply` or
+  /// `post(tx&, const attempt&, const PreState&, const T&) -> Reply` (called
+  /// on success only; a non-retryable failure is recorded by the library, a
+  /// retryable one leaves the key retryable).
+  template <class Request, class Reply, class Pre, class Rpc, class Post>
+  ::grpc::ServerUnaryReactor* handle(std::string_view method, ::grpc::CallbackServerContext* ctx,
+                                     const Request* request, Reply* reply, Pre pre, Rpc rpc,
+                                     Post post);
+
+ private:
+  /// One call's run of the manager, type-erased.
+  using runner = std::function<outcome<response>(const request_id&, const process_options&)>;
+  /// Identifies the call, and runs `run` on the pool, parses the answer into
+  /// `reply` and finishes the reactor; never blocks the calling thread.
+  ::grpc::ServerUnaryReactor* start(std::string_view method, ::grpc::CallbackServerContext* ctx,
+                                    const google::protobuf::MessageLite& request,
+                                    google::protobuf::MessageLite* reply, runner run);
+
+  /// Finishes the call with what the manager answered.
+  static void answer(::grpc::CallbackServerContext* ctx, ::grpc::ServerUnaryReactor* reactor,
+                     google::protobuf::MessageLite* reply, const request_id& id,
+                     const outcome<response>& out);
+
+  manager& manager_;
+  work_pool& pool_;
+  unary_options options_;
+};
+
+template <class Request, class Reply, class Pre, class Rpc, class Post>
+::grpc::ServerUnaryReactor* idempotent_unary::handle(std::string_view method,
+                                                     ::grpc::CallbackServerContext* ctx,
+                                                     const Request* request, Reply* reply, Pre pre,
+                                                     Rpc rpc, Post post) {
+  using pre_state = std::decay_t<decltype(detail::call_pre(pre, std::declval<tx&>(), *request,
+                                                           std::declval<const request_id&>()))>;
+  using value_t = std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const pre_state&>>;
+  constexpr bool post_takes_state =
+      std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&, const value_t&>;
+  if constexpr (post_takes_state) {
+    static_assert(
+        std::is_same_v<std::decay_t<std::invoke_result_t<Post&, tx&, const attempt&,
+                                                         const pre_state&, const value_t&>>,
+                       Reply>,
+        "Post-RPC must return the method's reply type");
+  } else {
+    static_assert(
+        std::is_same_v<
+            std::decay_t<std::invoke_result_t<Post&, tx&, const attempt&, const value_t&>>, Reply>,
+        "Post-RPC must return the method's reply type");
+  }
+  // The request outlives the call's reactor, which outlives the job.
+  return start(
+      method, ctx, *request, reply,
+      [this, request, pre = std::move(pre), rpc = std::move(rpc), post = std::move(post)](
+          const request_id& id, const process_options& o) {
+        return manager_.try_process(
+            id, [&](tx& t) { return detail::call_pre(pre, t, *request, id); }, rpc,
+            [&](tx& t, const attempt& a, const pre_state& s, const value_t& v) {
+              Reply r;
+              if constexpr (post_takes_state) {
+                r = post(t, a, s, v);
+              } else {
+                r = post(t, a, v);
+              }
+              return response{200, {{"content-type", "application/x-protobuf"}}, bytes_of(r)};
+            },
+            o);
+      });
+}
+
+}  // namespace orpheus::grpc

@@ -1,0 +1,235 @@
+#include "orpheus/grpc/unary.hpp"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "google/rpc/status.pb.h"
+#include "orpheus/identify.hpp"
+#include "orpheus/log.hpp"
+
+namespace orpheus::grpc {
+namespace {
+
+using ::grpc::StatusCode;
+
+std::optional<std::string_view> metadata(const ::grpc::CallbackServerContext& ctx,
+                                         std::string_view name) {
+  const auto& md = ctx.client_metadata();
+  const auto found = md.find(::grpc::string_ref(name.data(), name.size()));
+  if (found == md.end()) return std::nullopt;
+  return std::string_view(found->second.data(), found->second.size());
+}
+
+// The code for an error the library (or a handler) raised now.
+StatusCode code_of(const error_info& e) {
+  if (e.code == codes::unauthenticated) return StatusCode::UNAUTHENTICATED;
+  if (e.code == codes::fingerprint_mismatch) return StatusCode::FAILED_PRECONDITION;
+  switch (e.kind) {
+    case error_class::invalid_input:
+      return StatusCode::INVALID_ARGUMENT;
+    case error_class::conflict:
+      return StatusCode::ABORTED;
+    case error_class::unavailable:
+    case error_class::in_doubt:
+      return StatusCode::UNAVAILABLE;
+    case error_class::rejected:
+      return StatusCode::FAILED_PRECONDITION;
+    case error_class::internal:
+      break;
+  }
+  return StatusCode::INTERNAL;
+}
+
+// The code for a failure recorded in its HTTP form, by its HTTP status.
+StatusCode code_of_recorded(int status, bool retryable) {
+  switch (status) {
+    case 400:
+      return StatusCode::INVALID_ARGUMENT;
+    case 401:
+      return StatusCode::UNAUTHENTICATED;
+    case 403:
+      return StatusCode::PERMISSION_DENIED;
+    case 404:
+      return StatusCode::NOT_FOUND;
+    case 409:
+      return StatusCode::ABORTED;
+    case 429:
+      return StatusCode::RESOURCE_EXHAUSTED;
+    default:
+      break;
+  }
+  if (status >= 500) return retryable ? StatusCode::UNAVAILABLE : StatusCode::INTERNAL;
+  return StatusCode::FAILED_PRECONDITION;
+}
+
+::grpc::Status with_details(StatusCode code, const std::string& message, std::string_view reason,
+                            bool retryable, bool in_doubt,
+                            std::optional<std::chrono::milliseconds> retry_after) {
+  google::rpc::Status details;
+  details.set_code(static_cast<int>(code));
+  details.set_message(message);
+  google::rpc::ErrorInfo info;
+  info.set_reason(std::string(reason));
+  info.set_domain("orpheus");
+  (*info.mutable_metadata())["retryable"] = retryable ? "true" : "false";
+  if (in_doubt) (*info.mutable_metadata())["in_doubt"] = "true";
+  details.add_details()->PackFrom(info);
+  if (retry_after) {
+    google::rpc::RetryInfo retry;
+    retry.mutable_retry_delay()->set_seconds(retry_after->count() / 1000);
+    retry.mutable_retry_delay()->set_nanos(static_cast<int>(retry_after->count() % 1000) * 1000000);
+    details.add_details()->PackFrom(retry);
+  }
+  return {code, message, details.SerializeAsString()};
+}
+
+}  // namespace
+
+scope_function bearer_scope(api_keys keys, std::string prefix) {
+  return [keys = std::move(keys), prefix = std::move(prefix)](
+             const ::grpc::CallbackServerContext& ctx) -> std::optional<std::string> {
+    const auto authorization = metadata(ctx, "authorization");
+    if (!authorization) return std::nullopt;
+    auto client = keys.client_of(*authorization);
+    if (!client) return std::nullopt;
+    return prefix + *client;
+  };
+}
+
+::grpc::Status status_of(const error_info& e) {
+  std::optional<std::chrono::milliseconds> retry_after = e.retry_after;
+  if (e.retryable() && !retry_after) retry_after = std::chrono::milliseconds(1000);
+  return with_details(code_of(e), e.message, e.code, e.retryable(), e.in_doubt(), retry_after);
+}
+
+::grpc::Status status_of_recorded(const response& recorded) {
+  const auto body = nlohmann::json::parse(recorded.body, nullptr, false);
+  // The library records failures as problem+json; another front end's
+  // handler may have recorded anything (then there is no code to give).
+  const bool is_problem = body.is_object();
+  const std::string code = is_problem ? body.value("code", "") : "";
+  const std::string detail =
+      is_problem ? body.value("detail", code) : "the request failed; its answer was recorded";
+  const bool retryable = is_problem && body.value("retryable", false);
+  return with_details(code_of_recorded(recorded.status, retryable), detail, code, retryable,
+                      is_problem && body.value("in_doubt", false), std::nullopt);
+}
+
+bool may_retry(const ::grpc::Status& s) {
+  google::rpc::Status details;
+  if (!s.error_details().empty() && details.ParseFromString(s.error_details())) {
+    for (const auto& any : details.details()) {
+      google::rpc::ErrorInfo info;
+      if (any.UnpackTo(&info) && info.domain() == "orpheus") {
+        return info.metadata().count("retryable") != 0 && info.metadata().at("retryable") == "true";
+      }
+    }
+  }
+  switch (s.error_code()) {
+    case StatusCode::UNAVAILABLE:
+    case StatusCode::ABORTED:
+    case StatusCode::DEADLINE_EXCEEDED:
+    case StatusCode::RESOURCE_EXHAUSTED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::optional<std::chrono::milliseconds> retry_delay_of(const ::grpc::Status& s) {
+  google::rpc::Status details;
+  if (s.error_details().empty() || !details.ParseFromString(s.error_details())) {
+    return std::nullopt;
+  }
+  for (const auto& any : details.details()) {
+    google::rpc::RetryInfo retry;
+    if (any.UnpackTo(&retry)) {
+      return std::chrono::milliseconds(retry.retry_delay().seconds() * 1000 +
+                                       retry.retry_delay().nanos() / 1000000);
+    }
+  }
+  return std::nullopt;
+}
+
+std::string bytes_of(const google::protobuf::MessageLite& message) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options options)
+    : manager_(m), pool_(pool), options_(std::move(options)) {
+  if (!options_.scope) throw config_error("orpheus::grpc: a scope function is required");
+  const bool lower_case_key =
+      !options_.key_metadata.empty() &&
+      std::all_of(options_.key_metadata.begin(), options_.key_metadata.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+      });
+  if (!lower_case_key || options_.key_metadata.ends_with("-bin")) {
+    throw config_error("orpheus::grpc: key_metadata must be a lower-case ASCII metadata key");
+  }
+}
+
+::grpc::ServerUnaryReactor* idempotent_unary::start(std::string_view method,
+                                                    ::grpc::CallbackServerContext* ctx,
+                                                    const google::protobuf::MessageLite& request,
+                                                    google::protobuf::MessageLite* reply,
+                                                    runner run) {
+  ::grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const std::string body = bytes_of(request);
+  const request_text text{"POST", method, "application/x-protobuf", body, {}};
+  auto who = identify(
+      text, metadata(*ctx, options_.key_metadata), [&] { return options_.scope(*ctx); },
+      identify_options{options_.key_metadata, true, 64});
+  if (auto* refused = std::get_if<error_info>(&who)) {
+    reactor->Finish(status_of(*refused));
+    return reactor;
+  }
+  const request_id id = std::get<identity>(std::move(who)).id;
+  const bool queued = pool_.try_submit([ctx, reactor, reply, id, run = std::move(run)] {
+    try {
+      answer(ctx, reactor, reply, id, run(id, process_options{}));
+    } catch (...) {  // the pool swallows what a job throws: finish the call anyway
+      const error_info e = classify(std::current_exception(), unclassified_policy::non_retryable);
+      reactor->Finish(status_of(e));
+    }
+  });
+  if (!queued) {
+    reactor->Finish(status_of(error_info::of(error_class::unavailable, codes::overloaded,
+                                             "the server is busy; retry with the same key")));
+  }
+  return reactor;
+}
+
+void idempotent_unary::answer(::grpc::CallbackServerContext* ctx,
+                              ::grpc::ServerUnaryReactor* reactor,
+                              google::protobuf::MessageLite* reply, const request_id& id,
+                              const outcome<response>& out) {
+  if (!out.ok()) {
+    const error_info& e = out.error();
+    if (!e.internal.empty()) {
+      log(log_level::error,
+          "orpheus::grpc: " + e.code + " scope=" + id.scope + " key=" + id.key + ": " + e.internal);
+    }
+    return reactor->Finish(status_of(e));
+  }
+  const response& r = out.value();
+  if (r.replayed) ctx->AddInitialMetadata("idempotent-replayed", "true");
+  if (r.status != 200) return reactor->Finish(status_of_recorded(r));
+  if (!reply->ParseFromString(r.body)) {
+    return reactor->Finish(
+        status_of(error_info::of(error_class::internal, codes::storage_error,
+                                 "the recorded reply does not read as this method's reply")));
+  }
+  reactor->Finish(::grpc::Status::OK);
+}
+
+}  // namespace orpheus::grpc

@@ -1,0 +1,90 @@
+// payments_grpc_server: the payments service over gRPC, made idempotent with
+// orpheus::grpc. See --help.
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "../common/flags.hpp"
+#include "../common/stop_signals.hpp"
+#include "../payments_server/gateway.hpp"
+#include "../payments_server/storage.hpp"
+#include "orpheus/api_keys.hpp"
+#include "service.hpp"
+
+namespace {
+
+constexpr const char* usage = R"(payments_grpc_server: payments.v1.Payments/CreatePayment over gRPC,
+made idempotent with Orpheus (the same payment as payments_server's POST /v1/payments)
+
+Usage: payments_grpc_server --bank URL --api-keys FILE [flags]
+  --port N          listen on 127.0.0.1:N (default 0: any free port)
+  --store S         sqlite:PATH (default sqlite:payments-grpc.db) or MySQL shard
+                    URLs, as payments_server takes them
+  --bank URL        the bank simulator, e.g. http://127.0.0.1:9000 (one charge
+                    per payment, asked before a retried charge)
+  --api-keys FILE   the callers: one `<key> <client>` per line; a call sends
+                    metadata `authorization: Bearer <key>`
+  --lease-ms N      lease of an attempt on a key (default 10000)
+  --rpc-timeout-ms N  deadline of the bank call, < lease (default 5000)
+  --workers N       threads for database and bank work (default 16)
+  --queue N         calls queued for them before UNAVAILABLE (default 256)
+
+A call carries metadata `idempotency-key: <key>`. Prints "listening on PORT"
+once ready; SIGTERM or SIGINT stops it: no new calls, the calls in flight
+finish and are answered, then it exits 0.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  examples::flags f(argc, argv, usage);
+  const long port = f.num("port", 0);
+  auto specs = f.all("store");
+  if (specs.empty()) specs.emplace_back("sqlite:payments-grpc.db");
+  const auto store_specs = examples::payments_server::store_parts(specs);
+  const std::string bank_url = f.str("bank", "");
+  const std::string api_keys_path = f.str("api-keys", "");
+  orpheus::config cfg;
+  cfg.lease = std::chrono::milliseconds(f.num("lease-ms", 10000));
+  cfg.rpc_timeout = std::chrono::milliseconds(f.num("rpc-timeout-ms", 5000));
+  const long workers = f.num("workers", 16);
+  const long queue = f.num("queue", 256);
+  f.done();
+  if (bank_url.empty() || api_keys_path.empty()) f.fail("--bank and --api-keys are required");
+  if (port < 0 || port > 65535 || workers < 1 || queue < 1)
+    f.fail("--port, --workers or --queue out of range");
+
+  try {
+    auto keys = orpheus::api_keys::load(api_keys_path);
+    auto store = examples::payments_server::open_store(store_specs);
+    examples::payments_server::migrate_schema(*store);
+    orpheus::manager manager(*store, cfg);
+    const examples::stop_signals stop;  // before any thread starts
+    examples::payments_server::bank_gateway bank(orpheus::beast::parse_http_url(bank_url),
+                                                 static_cast<std::size_t>(workers));
+    orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
+    orpheus::grpc::idempotent_unary idem(manager, pool,
+                                         {.scope = orpheus::grpc::bearer_scope(std::move(keys))});
+    examples::payments_grpc::payments_service service(idem, bank);
+
+    grpc::ServerBuilder builder;
+    int selected = 0;
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
+                             &selected);
+    builder.RegisterService(&service);
+    const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    if (!server || selected == 0)
+      throw std::runtime_error("cannot listen on port " + std::to_string(port));
+    std::cout << "listening on " << selected << std::endl;
+    stop.wait();
+    std::cerr << "payments_grpc_server: stopping\n";
+    // No new calls; the calls in flight are answered by the pool's jobs,
+    // which use the service, the manager and the store: drain before they go.
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    pool.drain();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "payments_grpc_server: " << e.what() << "\n";
+    return 1;
+  }
+}

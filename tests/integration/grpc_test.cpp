@@ -1,0 +1,222 @@
+// Issue 12: idempotent gRPC methods (orpheus::grpc), on real sockets:
+// payments_grpc_server and the bank simulator as processes, calls from a
+// generated stub.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "orpheus/beast/client.hpp"
+#include "orpheus/grpc/unary.hpp"
+#include "payments.grpc.pb.h"
+#include "support/backends.hpp"
+#include "support/process.hpp"
+
+namespace {
+
+using orpheus::beast::http_request;
+namespace test = orpheus::test;
+namespace beast = orpheus::beast;
+
+namespace http = boost::beast::http;
+constexpr const char* kKey = "sk_test_grpc_alice_000000";
+
+struct server_process {
+  std::unique_ptr<test::child_process> proc;
+  unsigned short port = 0;
+  void start(std::vector<std::string> argv) {
+    proc = std::make_unique<test::child_process>(std::move(argv));
+    const auto line = proc->read_line(std::chrono::seconds(30)).value_or("");
+    ASSERT_EQ(line.rfind("listening on ", 0), 0U) << "got: " << line;
+    port = static_cast<unsigned short>(std::stoi(line.substr(13)));
+  }
+};
+
+class Grpc : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("orpheus-grpc-" + test::random_hex());
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "api-keys") << kKey << " alice\n"
+                                     << "sk_test_grpc_bob_00000000 bob\n";
+  }
+  void TearDown() override {
+    server_.proc.reset();
+    bank_.proc.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void start(std::vector<std::string> bank_flags = {}) {
+    std::vector<std::string> bank{ORPHEUS_BINARY_DIR "/examples/bank_simulator"};
+    bank.insert(bank.end(), bank_flags.begin(), bank_flags.end());
+    ASSERT_NO_FATAL_FAILURE(bank_.start(bank));
+    ASSERT_NO_FATAL_FAILURE(
+        server_.start({ORPHEUS_BINARY_DIR "/examples/payments_grpc_server", "--bank",
+                       "http://127.0.0.1:" + std::to_string(bank_.port), "--store",
+                       "sqlite:" + (dir_ / "payments.db").string(), "--api-keys",
+                       (dir_ / "api-keys").string(), "--workers", "8"}));
+    stub_ = payments::v1::Payments::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(server_.port), grpc::InsecureChannelCredentials()));
+  }
+
+  struct answer {
+    grpc::Status status;
+    payments::v1::Payment reply;
+    bool replayed = false;
+  };
+  answer call(const std::string& key, std::int64_t amount, const std::string& api_key = kKey) {
+    grpc::ClientContext ctx;
+    if (!key.empty()) ctx.AddMetadata("idempotency-key", key);
+    if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    payments::v1::CreatePaymentRequest req;
+    req.set_amount(amount);
+    req.set_currency("EUR");
+    req.set_customer("cus_1");
+    answer a;
+    a.status = stub_->CreatePayment(&ctx, req, &a.reply);
+    const auto& md = ctx.GetServerInitialMetadata();
+    a.replayed = md.find("idempotent-replayed") != md.end();
+    return a;
+  }
+  // Retries with the same key while the server says it may (hang guard: 200).
+  answer call_until_final(const std::string& key, std::int64_t amount, int* tries = nullptr) {
+    answer a;
+    for (int i = 0; i < 200; ++i) {
+      if (tries != nullptr) ++*tries;
+      a = call(key, amount);
+      if (a.status.ok() || !orpheus::grpc::may_retry(a.status)) return a;
+      std::this_thread::sleep_for(
+          std::min(orpheus::grpc::retry_delay_of(a.status).value_or(std::chrono::milliseconds(20)),
+                   std::chrono::milliseconds(50)));
+    }
+    return a;
+  }
+  nlohmann::json ledger() {
+    http_request get{http::verb::get, "/ledger", 11};
+    return nlohmann::json::parse(
+        beast::send({"127.0.0.1", bank_.port}, std::move(get), std::chrono::seconds(5)).body());
+  }
+
+  std::filesystem::path dir_;
+  server_process bank_, server_;
+  std::unique_ptr<payments::v1::Payments::Stub> stub_;
+};
+
+// The issue's test: 64 calls at once with one key charge once, and every
+// caller gets the same payment, byte for byte.
+TEST_F(Grpc, SixtyFourConcurrentCallsWithOneKeyChargeOnce) {
+  ASSERT_NO_FATAL_FAILURE(start({"--latency-ms", "50"}));
+  constexpr int kCalls = 64;
+  std::vector<std::string> replies(kCalls);
+  std::vector<grpc::Status> statuses(kCalls);
+  std::vector<std::thread> threads;
+  std::atomic<int> tries{0};
+  for (int i = 0; i < kCalls; ++i) {
+    threads.emplace_back([&, i] {
+      int n = 0;
+      const auto a = call_until_final("same-key", 4200, &n);
+      tries += n;
+      statuses[i] = a.status;
+      replies[i] = orpheus::grpc::bytes_of(a.reply);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].error_message();
+  }
+  EXPECT_EQ(std::set<std::string>(replies.begin(), replies.end()).size(), 1U)
+      << "every caller gets the same recorded reply";
+  EXPECT_GT(tries.load(), kCalls) << "some calls met the key held (ABORTED) and retried";
+  const auto l = ledger();
+  EXPECT_EQ(l["charges"], 1) << "charged more than once";
+  EXPECT_EQ(l["double_charges"], 0);
+}
+
+TEST_F(Grpc, AReplayIsTheRecordedReplyAndSaysSo) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const auto first = call("k1", 1250);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_FALSE(first.replayed);
+  EXPECT_EQ(first.reply.status(), "succeeded");
+  EXPECT_EQ(first.reply.amount(), 1250);
+  const auto again = call("k1", 1250);
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(orpheus::grpc::bytes_of(again.reply), orpheus::grpc::bytes_of(first.reply));
+  // Another caller's same key is another payment.
+  const auto bobs = call("k1", 1250, "sk_test_grpc_bob_00000000");
+  ASSERT_TRUE(bobs.status.ok());
+  EXPECT_FALSE(bobs.replayed);
+  EXPECT_NE(bobs.reply.id(), first.reply.id());
+  EXPECT_EQ(ledger()["charges"], 2);
+}
+
+// Each refusal has its status code and says, in google.rpc.ErrorInfo,
+// whether to retry; none of them charges, and the refused ones record
+// nothing (the key then runs as new).
+TEST_F(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const auto no_key = call("", 100);
+  EXPECT_EQ(no_key.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(orpheus::grpc::may_retry(no_key.status));
+  const auto bad_key = call(std::string(300, 'k'), 100);  // longer than the key rule allows
+  EXPECT_EQ(bad_key.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  for (const std::string wrong : {"", "sk_test_grpc_mallory_0000"}) {
+    const auto a = call("k2", 100, wrong);
+    EXPECT_EQ(a.status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << wrong;
+    EXPECT_FALSE(orpheus::grpc::may_retry(a.status));
+  }
+  const auto bad_amount = call("k2", 0);
+  EXPECT_EQ(bad_amount.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ledger()["charges"], 0);
+  const auto ok = call("k2", 100);  // the key was never recorded
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_FALSE(ok.replayed);
+  const auto mismatch = call("k2", 101);
+  EXPECT_EQ(mismatch.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_FALSE(orpheus::grpc::may_retry(mismatch.status));
+  EXPECT_EQ(ledger()["charges"], 1);
+}
+
+// A call whose key is held by another in flight is ABORTED, retryable, with
+// google.rpc.RetryInfo.
+TEST_F(Grpc, AHeldKeyIsAbortedWithRetryInfo) {
+  ASSERT_NO_FATAL_FAILURE(start({"--latency-ms", "1500"}));
+  std::thread first([&] { EXPECT_TRUE(call("slow", 300).status.ok()); });
+  answer second;
+  for (int i = 0; i < 100; ++i) {  // until the first holds the key
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    second = call("slow", 300);
+    if (second.status.error_code() == grpc::StatusCode::ABORTED) break;
+  }
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_TRUE(orpheus::grpc::may_retry(second.status));
+  const auto delay = orpheus::grpc::retry_delay_of(second.status);
+  ASSERT_TRUE(delay.has_value());
+  EXPECT_GT(delay->count(), 0);
+  first.join();
+  EXPECT_TRUE(call("slow", 300).replayed);
+  EXPECT_EQ(ledger()["charges"], 1);
+}
+
+// A card declined for good is recorded and replayed as the same refusal.
+TEST_F(Grpc, ADeclineIsRecordedAndReplayedAsFailedPrecondition) {
+  ASSERT_NO_FATAL_FAILURE(start({"--decline-rate", "1"}));
+  const auto a = call("declined", 500);
+  EXPECT_EQ(a.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << a.status.error_message();
+  EXPECT_FALSE(orpheus::grpc::may_retry(a.status));
+  const auto b = call("declined", 500);
+  EXPECT_EQ(b.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(b.status.error_message(), a.status.error_message());
+  EXPECT_TRUE(b.replayed);
+}
+
+}  // namespace
