@@ -38,7 +38,9 @@ Usage: payments_server --bank URL --api-keys FILE [flags]
   --port N              listen on 127.0.0.1:N (default 0: any free port)
   --store S             sqlite:PATH (default sqlite:payments.db), or a MySQL
                         shard URL mysql://user:pass@host:port/db; repeat the
-                        flag (or separate with commas) for several shards
+                        flag (or separate with commas) for several shards. A
+                        shard on a Galera cluster names its nodes:
+                        mysql://user:pass@host1:port1,host2:port2/db
   --bank URL            the bank, e.g. http://127.0.0.1:9000 (required); or
                         --bank inproc: charge in-process, no HTTP (a ledger
                         with the bank simulator's semantics and no faults), to

@@ -15,7 +15,14 @@ std::vector<std::string> store_parts(const std::vector<std::string>& specs) {
   for (const auto& s : specs) {
     std::stringstream ss(s);
     for (std::string p; std::getline(ss, p, ',');) {
-      if (!p.empty()) parts.push_back(p);
+      // A comma starts a shard only before a URL: in "mysql://u:p@h1,h2/d"
+      // it separates the nodes of one shard (a Galera cluster).
+      const bool shard = p.rfind("mysql://", 0) == 0 || p.rfind("sqlite:", 0) == 0;
+      if (!shard && !parts.empty() && parts.back().rfind("mysql://", 0) == 0) {
+        parts.back() += "," + p;
+      } else if (!p.empty()) {
+        parts.push_back(p);
+      }
     }
   }
   if (parts.empty()) parts.push_back("sqlite:payments.db");

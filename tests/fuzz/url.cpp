@@ -21,8 +21,12 @@ namespace {
 using orpheus::fuzz::shown;
 
 bool same(const orpheus::mysql_shard& a, const orpheus::mysql_shard& b) {
+  bool nodes = a.failover.size() == b.failover.size();
+  for (std::size_t i = 0; nodes && i < a.failover.size(); ++i) {
+    nodes = a.failover[i].host == b.failover[i].host && a.failover[i].port == b.failover[i].port;
+  }
   return a.host == b.host && a.port == b.port && a.user == b.user && a.password == b.password &&
-         a.database == b.database;
+         a.database == b.database && nodes;
 }
 
 void check_http(std::string_view url) {
@@ -55,7 +59,12 @@ void check_mysql(std::string_view url) {
   FUZZ_CHECK(s.port > 0 && s.port <= 65535, shown(url));
   std::string again = "mysql://" + s.user;
   if (!s.password.empty()) again += ":" + s.password;
-  again += "@" + s.host + ":" + std::to_string(s.port) + "/" + s.database;
+  again += "@" + s.host + ":" + std::to_string(s.port);
+  for (const auto& node : s.failover) {  // the other nodes of the shard (Galera)
+    FUZZ_CHECK(!node.host.empty() && node.port > 0 && node.port <= 65535, shown(url));
+    again += "," + node.host + ":" + std::to_string(node.port);
+  }
+  again += "/" + s.database;
   orpheus::mysql_shard s2;
   try {
     s2 = orpheus::parse_mysql_url(again);

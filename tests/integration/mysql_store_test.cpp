@@ -3,8 +3,11 @@
 // never continued, a dead client's locks end within the session timeouts,
 // idle connections the server closed are replaced, the clock works past 2038,
 // and abandoned rows are purged (issue 7, items 4, 9, 12 and 14).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -363,6 +366,61 @@ TEST(MysqlParking, ASlowAlertHookHoldsNoPoolConnection) {
   hook_may_return = true;
   parking.join();
   EXPECT_EQ(outcome, "ok") << "a request failed while the alert hook ran";
+}
+
+// Issue 12: a shard's nodes in one URL; a node that cannot be reached is
+// passed over for the next one.
+TEST(MysqlOptions, AShardsNodesInOneUrl) {
+  const auto s = parse_mysql_url("mysql://u:p@10.0.0.1:3307,10.0.0.2,10.0.0.3:3309/pay");
+  EXPECT_EQ(s.host, "10.0.0.1");
+  EXPECT_EQ(s.port, 3307);
+  ASSERT_EQ(s.failover.size(), 2U);
+  EXPECT_EQ(s.failover[0].host, "10.0.0.2");
+  EXPECT_EQ(s.failover[0].port, 3306);
+  EXPECT_EQ(s.failover[1].host, "10.0.0.3");
+  EXPECT_EQ(s.failover[1].port, 3309);
+  EXPECT_EQ(s.database, "pay");
+  for (const char* bad : {"mysql://u:p@h1,/d", "mysql://u:p@,h2/d", "mysql://u:p@h1,h2:0/d",
+                          "mysql://u:p@h1,h2:x/d"}) {
+    EXPECT_THROW((void)parse_mysql_url(bad), config_error) << bad;
+  }
+  mysql_options o;
+  o.shards.push_back(s);
+  o.shards[0].failover.push_back({"", 3306});
+  EXPECT_THROW(mysql_store{o}, config_error);
+}
+
+TEST(MysqlFailover, ANodeThatCannotBeReachedIsPassedOver) {
+  const auto urls = test::mysql_urls();
+  ASSERT_FALSE(urls.empty()) << "ORPHEUS_TEST_MYSQL is not set; run scripts/test";
+  const auto live = parse_mysql_url(urls[0]);
+  // A port nothing listens on (bound, never listened), then the live server.
+  const int closed = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(closed, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(closed, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  mysql_options o;
+  mysql_shard s = live;
+  s.host = "127.0.0.1";
+  s.port = ntohs(a.sin_port);
+  s.failover = {{live.host, live.port}};
+  o.shards = {s};
+  o.connect_timeout = 2s;
+  mysql_store store(o);
+  store.migrate();
+  const request_id id{"failover-" + test::random_hex(4), "k", fingerprint_of("x")};
+  manager m(store);
+  const auto r = m.process(
+      id, [](tx&) { return 1; }, [](const attempt&, int n) { return n + 1; },
+      [](tx&, const attempt&, int v) {
+        return response{200, {}, std::to_string(v)};
+      });
+  EXPECT_EQ(r.body, "2");
+  EXPECT_TRUE(store.inspect(id).has_value());
+  ::close(closed);
 }
 
 TEST(MysqlOptions, NonsenseTimeoutsAreRefused) {

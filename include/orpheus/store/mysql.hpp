@@ -41,17 +41,33 @@
 
 namespace orpheus {
 
-/// The master of one shard.
+/// One server of a shard.
+struct mysql_host {
+  std::string host;
+  int port = 3306;
+};
+
+/// The master of one shard, and optionally the other nodes of the same
+/// shard (a MariaDB Galera cluster: every node takes writes).
 struct mysql_shard {
   std::string host = "127.0.0.1";
   int port = 3306;
   std::string user;
   std::string password;
   std::string database;
+  /// The shard's other nodes, for fail-over (docs/sharding.md). New
+  /// connections of the shard go to one node, the one that answered last;
+  /// when it cannot be reached, is not ready (Galera: wsrep_ready OFF, or
+  /// error 1047) or a connection to it breaks, the next connection tries the
+  /// next node, in order, around the list. Reads wait for the cluster's
+  /// latest commit (wsrep_sync_wait = 1 on a Galera node). Empty: one server.
+  std::vector<mysql_host> failover{};
 };
 
 /// Parses "mysql://user:password@host:port/database" (port optional, default
-/// 3306). Throws config_error on anything else.
+/// 3306), or with several nodes of one shard, "mysql://user:password@
+/// host1:port1,host2:port2,host3:port3/database" (the first is `host`, the
+/// others `failover`). Throws config_error on anything else.
 [[nodiscard]] mysql_shard parse_mysql_url(std::string_view url);
 
 struct mysql_options {

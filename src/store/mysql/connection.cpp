@@ -15,11 +15,11 @@ sql::Driver* driver() {
   return d;
 }
 
-connection::connection(const mysql_shard& s, const mysql_options& o, bool autocommit,
-                       std::uint64_t generation)
-    : generation_(generation) {
+connection::connection(const mysql_host& node, std::size_t index, const mysql_shard& s,
+                       const mysql_options& o, bool autocommit, std::uint64_t generation)
+    : generation_(generation), node_(index) {
   sql::ConnectOptionsMap opts;
-  opts["hostName"] = sql::SQLString("tcp://" + s.host + ":" + std::to_string(s.port));
+  opts["hostName"] = sql::SQLString("tcp://" + node.host + ":" + std::to_string(node.port));
   opts["userName"] = sql::SQLString(s.user);
   opts["password"] = sql::SQLString(s.password);
   opts["schema"] = sql::SQLString(s.database);
@@ -47,12 +47,31 @@ connection::connection(const mysql_shard& s, const mysql_options& o, bool autoco
   // must poison it, like a deadlock) or just the statement (the default).
   // The same round trip asks whether the server is MariaDB: its compound
   // statements let commit() store the Pre-RPC result too (see mysql_tx).
-  std::unique_ptr<sql::ResultSet> rs(
-      st->executeQuery("SELECT @@innodb_rollback_on_timeout, VERSION() LIKE '%MariaDB%'"));
+  // And whether it is a Galera node (issue 12): wsrep_on is ON only there.
+  std::unique_ptr<sql::ResultSet> rs(st->executeQuery(
+      "SELECT @@innodb_rollback_on_timeout, VERSION() LIKE '%MariaDB%', "
+      "IFNULL((SELECT VARIABLE_VALUE = 'ON' FROM information_schema.GLOBAL_VARIABLES "
+      "WHERE VARIABLE_NAME = 'WSREP_ON'), 0)"));
   const bool got = rs->next();
   rollback_on_timeout_ = got && rs->getInt(1) != 0;
   mariadb_ = got && rs->getInt(2) != 0;
+  const bool galera = got && rs->getInt(3) != 0;
   rs.reset();
+  if (galera) {
+    // A node out of the primary component answers 1047 to every statement
+    // that touches data: refuse it here, so the pool tries the next node.
+    rs.reset(st->executeQuery("SHOW STATUS LIKE 'wsrep_ready'"));
+    if (!rs->next() || rs->getString(2) != "ON") {
+      throw sql::SQLException("Galera node " + node.host + ":" + std::to_string(node.port) +
+                                  " is not ready (wsrep_ready OFF)",
+                              "08S01", 1047);
+    }
+    rs.reset();
+    // Reads (the record's fast path, SELECT ... FOR UPDATE is a write)
+    // wait until this node has applied every commit the cluster made before
+    // them: a replay never misses a record committed on another node.
+    st->execute("SET SESSION wsrep_sync_wait = 1");
+  }
   conn_->setAutoCommit(autocommit);
   last_used_ = steady::now();
 }

@@ -33,10 +33,12 @@ using steady = std::chrono::steady_clock;
 /// once per connection, so each execution is a single round trip.
 class connection {
  public:
-  /// Connects and sets the session up (time zone, isolation, timeouts).
-  /// Throws sql::SQLException.
-  connection(const mysql_shard& s, const mysql_options& o, bool autocommit,
-             std::uint64_t generation);
+  /// Connects to `node` (number `index` of the shard `s`: 0 is s.host, then
+  /// s.failover) and sets the session up (time zone, isolation, timeouts; on
+  /// a Galera node, reads that wait for the cluster's latest commit). Throws
+  /// sql::SQLException, also for a Galera node that is not ready.
+  connection(const mysql_host& node, std::size_t index, const mysql_shard& s,
+             const mysql_options& o, bool autocommit, std::uint64_t generation);
 
   sql::Connection& raw() { return *conn_; }
   std::uint64_t generation() const { return generation_; }
@@ -44,6 +46,8 @@ class connection {
   steady::time_point last_used() const { return last_used_; }
   void touch() { last_used_ = steady::now(); }
   bool rollback_on_timeout() const { return rollback_on_timeout_; }
+  /// Which node of the shard this connection went to (see the constructor).
+  std::size_t node() const { return node_; }
   /// The server runs BEGIN NOT ATOMIC ... END (MariaDB 10.1 and later).
   bool compound_statements() const { return mariadb_; }
 
@@ -69,6 +73,7 @@ class connection {
   steady::time_point last_used_;
   bool rollback_on_timeout_ = false;
   bool mariadb_ = false;
+  std::size_t node_ = 0;
 };
 
 /// Binds `params` to `ps`'s placeholders, in order.

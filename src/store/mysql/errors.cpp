@@ -55,7 +55,6 @@ bool transient_server_code(int code) noexcept {
     case 1226:  // a user resource limit (max_queries_per_hour, ...)
     case 1290:  // --read-only: a replica, or a master during a fail-over
     case 1836:  // read-only mode
-    case 1047:  // Galera: WSREP has not yet prepared node for application use
     case 1021:  // disk full: the operator frees space
     case 1037:  // out of memory
     case 1038:  // out of sort memory
@@ -79,6 +78,8 @@ bool connection_broken(int code) noexcept {
     case 1159:  // network read timeout
     case 1160:  // network write error
     case 1161:  // network write timeout
+    case 1047:  // Galera: the node left the primary component (WSREP has not
+                // yet prepared node for application use): try another node
       return true;
     default:
       return false;

@@ -241,6 +241,11 @@ void validate(const mysql_options& options) {
       throw config_error("mysql_store: a shard needs host, user and database");
     }
     if (s.port <= 0 || s.port > 65535) throw config_error("mysql_store: bad port");
+    for (const auto& h : s.failover) {
+      if (h.host.empty() || h.port <= 0 || h.port > 65535) {
+        throw config_error("mysql_store: a fail-over node needs a host and a good port");
+      }
+    }
   }
   // One year: beyond it a timeout is a mistake, and every value then fits the
   // int the connector and the server variables take.
@@ -267,8 +272,9 @@ class mysql_backend final : public store_backend {
     mysql_detail::driver();
     for (const auto& s : options_.shards) {
       auto& epoch = epochs_.emplace_back(0);
-      tx_pools_.push_back(std::make_unique<pool>(s, options_, false, epoch));
-      read_pools_.push_back(std::make_unique<pool>(s, options_, true, epoch));
+      auto& node = nodes_in_use_.emplace_back(0);
+      tx_pools_.push_back(std::make_unique<pool>(s, options_, false, epoch, node));
+      read_pools_.push_back(std::make_unique<pool>(s, options_, true, epoch, node));
     }
   }
 
@@ -333,6 +339,8 @@ class mysql_backend final : public store_backend {
   sql_dialect dialect_ = mysql_dialect();
   // One per shard, shared by its two pools; a deque: stable addresses.
   std::deque<std::atomic<std::uint64_t>> epochs_;
+  /// Per shard, shared by its two pools: the node new connections try first.
+  std::deque<std::atomic<std::size_t>> nodes_in_use_;
   // Per shard: transactions (autocommit off) and fast-path reads (autocommit
   // on, so a read leaves no transaction open behind it).
   std::vector<std::unique_ptr<pool>> tx_pools_;

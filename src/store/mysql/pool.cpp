@@ -45,7 +45,7 @@ std::unique_ptr<connection> pool::borrow() {
   const std::uint64_t gen = generation_.load();
   lock.unlock();
   try {
-    return std::make_unique<connection>(shard_, options_, autocommit_, gen);
+    return connect(gen);
   } catch (const sql::SQLException& e) {
     forget_one();
     throw classify(e, "connect", false);
@@ -55,8 +55,29 @@ std::unique_ptr<connection> pool::borrow() {
   }
 }
 
+std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
+  const std::size_t nodes = 1 + shard_.failover.size();
+  const std::size_t first = node_in_use_.load() % nodes;
+  for (std::size_t i = 0;; ++i) {
+    const std::size_t n = (first + i) % nodes;
+    const mysql_host node = n == 0 ? mysql_host{shard_.host, shard_.port} : shard_.failover[n - 1];
+    try {
+      auto c = std::make_unique<connection>(node, n, shard_, options_, autocommit_, generation);
+      node_in_use_.store(n);
+      return c;
+    } catch (const sql::SQLException&) {
+      if (i + 1 == nodes) throw;  // every node refused: the last one's error
+    }
+  }
+}
+
 void pool::give_back(std::unique_ptr<connection> c, bool broken) {
   if (broken) {
+    // The node may be gone: the next connection tries the next one first.
+    // (Only if this connection's node is still the one in use: a burst of
+    // broken connections moves on once.)
+    std::size_t in_use = c->node();
+    node_in_use_.compare_exchange_strong(in_use, (in_use + 1) % (1 + shard_.failover.size()));
     c.reset();
     std::lock_guard lock(mutex_);
     --open_;

@@ -20,12 +20,15 @@ class pool {
  public:
   /// `epoch` is shared by the pools of one shard: a broken connection in
   /// either makes every idle connection of the shard suspect (pinged first).
+  /// `node_in_use` too: the index (0 is shard.host, then shard.failover)
+  /// of the node new connections try first.
   pool(mysql_shard shard, const mysql_options& o, bool autocommit,
-       std::atomic<std::uint64_t>& epoch)
+       std::atomic<std::uint64_t>& epoch, std::atomic<std::size_t>& node_in_use)
       : shard_(std::move(shard)),
         options_(o),
         autocommit_(autocommit),
         generation_(epoch),
+        node_in_use_(node_in_use),
         // The server closes a session idle for session_idle_timeout (its
         // wait_timeout). The client's idle clock starts a little after the
         // server's, so a connection idle for most of the timeout is dropped
@@ -46,6 +49,10 @@ class pool {
 
  private:
   void forget_one();
+  /// A new connection to the node in use, or else to the next node that
+  /// answers (and is ready), in order around the list; that node is then in
+  /// use. Throws the last node's error.
+  std::unique_ptr<connection> connect(std::uint64_t generation);
 
   mysql_shard shard_;
   const mysql_options& options_;
@@ -55,6 +62,7 @@ class pool {
   std::vector<std::unique_ptr<connection>> idle_;
   std::size_t open_ = 0;
   std::atomic<std::uint64_t>& generation_;
+  std::atomic<std::size_t>& node_in_use_;
   steady::duration discard_after_;
   steady::duration ping_after_;
 };

@@ -1,4 +1,4 @@
-// "mysql://user:password@host:port/database", parsed once, here.
+// "mysql://user:password@host:port[,host:port...]/database", parsed once, here.
 #include <charconv>
 
 #include "orpheus/store/mysql.hpp"
@@ -23,20 +23,38 @@ mysql_shard parse_mysql_url(std::string_view url) {
   if (colon != std::string_view::npos) s.password = std::string(creds.substr(colon + 1));
   const auto slash = url.find('/');
   if (slash == std::string_view::npos) throw bad("no database");
-  const auto hostport = url.substr(0, slash);
+  std::string_view hosts = url.substr(0, slash);
   s.database = std::string(url.substr(slash + 1));
-  const auto pc = hostport.rfind(':');
-  s.host = std::string(hostport.substr(0, pc));
-  if (pc != std::string_view::npos) {
-    const auto p = hostport.substr(pc + 1);
-    int port = 0;
-    const auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
-    if (ec != std::errc{} || ptr != p.data() + p.size() || port <= 0 || port > 65535) {
-      throw bad("port");
+  // host[:port], or several separated by commas: the nodes of one shard.
+  const auto host_of = [&](std::string_view hostport) {
+    mysql_host h;
+    const auto pc = hostport.rfind(':');
+    h.host = std::string(hostport.substr(0, pc));
+    if (pc != std::string_view::npos) {
+      const auto p = hostport.substr(pc + 1);
+      int port = 0;
+      const auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+      if (ec != std::errc{} || ptr != p.data() + p.size() || port <= 0 || port > 65535) {
+        throw bad("port");
+      }
+      h.port = port;
     }
-    s.port = port;
+    if (h.host.empty()) throw bad("empty part");
+    return h;
+  };
+  for (bool first = true;; first = false) {
+    const auto comma = hosts.find(',');
+    mysql_host h = host_of(hosts.substr(0, comma));
+    if (first) {
+      s.host = std::move(h.host);
+      s.port = h.port;
+    } else {
+      s.failover.push_back(std::move(h));
+    }
+    if (comma == std::string_view::npos) break;
+    hosts.remove_prefix(comma + 1);
   }
-  if (s.user.empty() || s.host.empty() || s.database.empty()) throw bad("empty part");
+  if (s.user.empty() || s.database.empty()) throw bad("empty part");
   return s;
 }
 
