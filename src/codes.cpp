@@ -42,6 +42,7 @@ constexpr std::array registry{
     code_info{codes::downstream_unreachable, unavailable, "beast"},
     code_info{codes::downstream_timeout, in_doubt, "beast"},
     code_info{codes::downstream_closed, in_doubt, "beast"},
+    code_info{codes::reply_unreadable, unavailable, "grpc"},
     code_info{codes::card_declined, rejected, "payment"},
     code_info{codes::invalid_payment, rejected, "payment"},
     code_info{codes::gateway_unreachable, unavailable, "payment"},

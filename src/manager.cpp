@@ -256,8 +256,24 @@ bool hold_until(detail::record_tx& t, const request_id& id, std::string_view own
 /// tells config::on_parked, once the parking has committed (or, flagged,
 /// when its commit is in doubt): a slow hook must not hold a connection. A
 /// hook that throws is logged, not passed on.
-/// Tells config::on_parked; what it throws is logged, not passed on.
-void alert_parked(const config& c, const parked_event& event) noexcept {
+/// Tells config::observer (the parked event, and attempts_exhausted when
+/// that is why) and config::on_parked; what the hook throws is logged, not
+/// passed on. Every parking goes through here, the ones whose commit is in
+/// doubt too (found in review: a failed compensation's parking was not
+/// counted, and the suggested alert on the parked event missed it).
+void alert_parked(const store& s, const config& c, const parked_event& event) noexcept {
+  if (c.observer) {
+    std::size_t shard = 0;
+    try {
+      shard = shard_for_observer(s, request_id{event.scope, event.key, {}});
+    } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory; shard 0 it is
+    }
+    if (event.reason == codes::attempts_exhausted ||
+        event.reason == codes::retry_window_exhausted) {
+      c.observer->on_event(shard, request_event::attempts_exhausted);
+    }
+    c.observer->on_event(shard, request_event::parked);
+  }
   if (!c.on_parked) return;
   try {
     c.on_parked(event);
@@ -281,20 +297,13 @@ void park_and_alert(const store& s, std::unique_ptr<detail::record_tx>& t, const
     t.reset();
     if (e.in_doubt()) {
       event.in_doubt = true;
-      alert_parked(c, event);
+      alert_parked(s, c, event);
     }
     throw;
   }
   t.reset();
   log(log_level::warning, "scope " + id.scope + " key " + id.key + ": parked, " + why);
-  if (c.observer) {
-    const std::size_t shard = shard_for_observer(s, id);
-    if (reason == codes::attempts_exhausted || reason == codes::retry_window_exhausted) {
-      c.observer->on_event(shard, request_event::attempts_exhausted);
-    }
-    c.observer->on_event(shard, request_event::parked);
-  }
-  alert_parked(c, event);
+  alert_parked(s, c, event);
 }
 
 /// What Pre-RPC and Post-RPC get as their `tx`: the application's SQL on the
@@ -995,12 +1004,12 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
       // request still going backwards parks it again and alerts again).
       if (e.in_doubt()) {
         event.in_doubt = true;
-        alert_parked(config_, event);
+        alert_parked(store_, config_, event);
       }
       throw;
     }
     log(log_level::warning, "scope " + f.id.scope + " key " + f.id.key + ": parked, " + parked_why);
-    alert_parked(config_, event);
+    alert_parked(store_, config_, event);
     throw_parked(config_.parked_retry_after);
   }
   // Everything undone: the failure is the request's answer from now on.

@@ -49,16 +49,21 @@ grpc::ServerUnaryReactor* payments_service::CreatePayment(
         return orpheus::payment::charge_once(bank_, a, {p.id, p.amount, p.currency});
       },
       [](orpheus::tx& tx, const orpheus::attempt&, const payment& p,
-         const std::string& charge_id) {  // Post-RPC, on success (a decline is recorded for us)
-        tx.execute("UPDATE payments SET state = 'succeeded', charge_id = ? WHERE id = ?", charge_id,
-                   p.id);
+         const orpheus::outcome<std::string>& charged) {  // Post-RPC, on every outcome
         payments::v1::Payment out;
+        if (!charged.ok()) {  // the row says why; the library records the failure
+          tx.execute("UPDATE payments SET state = ? WHERE id = ?",
+                     charged.retryable() ? "pending" : charged.error().code, p.id);
+          return out;
+        }
+        tx.execute("UPDATE payments SET state = 'succeeded', charge_id = ? WHERE id = ?",
+                   charged.value(), p.id);
         out.set_id(p.id);
         out.set_amount(p.amount);
         out.set_currency(p.currency);
         out.set_customer(p.customer);
         out.set_status("succeeded");
-        out.set_charge_id(charge_id);
+        out.set_charge_id(charged.value());
         return out;
       });
 }

@@ -71,6 +71,8 @@ inline constexpr std::string_view downstream_in_progress = "downstream_in_progre
 inline constexpr std::string_view downstream_unreachable = "downstream_unreachable";
 inline constexpr std::string_view downstream_timeout = "downstream_timeout";
 inline constexpr std::string_view downstream_closed = "downstream_closed";
+// The gRPC adapter.
+inline constexpr std::string_view reply_unreadable = "reply_unreadable";
 // The payment wrapper.
 inline constexpr std::string_view card_declined = "card_declined";
 inline constexpr std::string_view invalid_payment = "invalid_payment";

@@ -38,18 +38,63 @@ struct server_process {
   }
 };
 
-class Grpc : public testing::Test {
+// On SQLite and on MariaDB (a database of its own): the recorded reply is
+// binary protobuf, and must come back from either byte for byte.
+class Grpc : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() / ("orpheus-grpc-" + test::random_hex());
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "api-keys") << kKey << " alice\n"
                                      << "sk_test_grpc_bob_00000000 bob\n";
+    if (GetParam() == "sqlite") {
+      store_ = "sqlite:" + (dir_ / "payments.db").string();
+    } else {
+#if ORPHEUS_TEST_WITH_MYSQL
+      const auto urls = test::mysql_urls();
+      ASSERT_FALSE(urls.empty()) << "ORPHEUS_TEST_MYSQL is not set; run scripts/test";
+      orpheus::mysql_options o;
+      o.shards.push_back(orpheus::parse_mysql_url(urls[0]));
+      admin_ = std::make_unique<orpheus::mysql_store>(o);
+      database_ = "orpheus_grpc_" + test::random_hex(6);
+      auto t = admin_->begin_on_shard(0);
+      t->execute("CREATE DATABASE " + database_);
+      t->commit();
+      store_ = urls[0].substr(0, urls[0].rfind('/') + 1) + database_;
+#else
+      FAIL() << "built without MySQL";
+#endif
+    }
   }
   void TearDown() override {
     server_.proc.reset();
     bank_.proc.reset();
     std::filesystem::remove_all(dir_);
+    if (admin_) {
+      auto t = admin_->begin_on_shard(0);
+      t->execute("DROP DATABASE IF EXISTS " + database_);
+      t->commit();
+    }
+  }
+  // The states of alice's payments rows, read from the server's store.
+  std::vector<std::string> payment_states() {
+    std::unique_ptr<orpheus::store> s;
+    if (GetParam() == "sqlite") {
+      s = std::make_unique<orpheus::sqlite_store>(
+          orpheus::sqlite_options{(dir_ / "payments.db").string()});
+    } else {
+#if ORPHEUS_TEST_WITH_MYSQL
+      orpheus::mysql_options o;
+      o.shards.push_back(orpheus::parse_mysql_url(store_));
+      s = std::make_unique<orpheus::mysql_store>(o);
+#endif
+    }
+    auto t = s->begin_on_shard(0);
+    const auto rows = t->query("SELECT state FROM payments WHERE client = 'alice'");
+    t->commit();
+    std::vector<std::string> out;
+    for (const auto& r : rows) out.push_back(r.get<std::string>(0));
+    return out;
   }
 
   void start(std::vector<std::string> bank_flags = {}) {
@@ -58,9 +103,8 @@ class Grpc : public testing::Test {
     ASSERT_NO_FATAL_FAILURE(bank_.start(bank));
     ASSERT_NO_FATAL_FAILURE(
         server_.start({ORPHEUS_BINARY_DIR "/examples/payments_grpc_server", "--bank",
-                       "http://127.0.0.1:" + std::to_string(bank_.port), "--store",
-                       "sqlite:" + (dir_ / "payments.db").string(), "--api-keys",
-                       (dir_ / "api-keys").string(), "--workers", "8"}));
+                       "http://127.0.0.1:" + std::to_string(bank_.port), "--store", store_,
+                       "--api-keys", (dir_ / "api-keys").string(), "--workers", "8"}));
     stub_ = payments::v1::Payments::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(server_.port), grpc::InsecureChannelCredentials()));
   }
@@ -105,13 +149,16 @@ class Grpc : public testing::Test {
   }
 
   std::filesystem::path dir_;
+  std::string store_;
+  std::unique_ptr<orpheus::store> admin_;  // MariaDB: makes and drops the test's database
+  std::string database_;
   server_process bank_, server_;
   std::unique_ptr<payments::v1::Payments::Stub> stub_;
 };
 
 // The test: 64 calls at once with one key charge once, and every
 // caller gets the same payment, byte for byte.
-TEST_F(Grpc, SixtyFourConcurrentCallsWithOneKeyChargeOnce) {
+TEST_P(Grpc, SixtyFourConcurrentCallsWithOneKeyChargeOnce) {
   ASSERT_NO_FATAL_FAILURE(start({"--latency-ms", "50"}));
   constexpr int kCalls = 64;
   std::vector<std::string> replies(kCalls);
@@ -139,7 +186,7 @@ TEST_F(Grpc, SixtyFourConcurrentCallsWithOneKeyChargeOnce) {
   EXPECT_EQ(l["double_charges"], 0);
 }
 
-TEST_F(Grpc, AReplayIsTheRecordedReplyAndSaysSo) {
+TEST_P(Grpc, AReplayIsTheRecordedReplyAndSaysSo) {
   ASSERT_NO_FATAL_FAILURE(start());
   const auto first = call("k1", 1250);
   ASSERT_TRUE(first.status.ok()) << first.status.error_message();
@@ -161,7 +208,7 @@ TEST_F(Grpc, AReplayIsTheRecordedReplyAndSaysSo) {
 // Each refusal has its status code and says, in google.rpc.ErrorInfo,
 // whether to retry; none of them charges, and the refused ones record
 // nothing (the key then runs as new).
-TEST_F(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
+TEST_P(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
   ASSERT_NO_FATAL_FAILURE(start());
   const auto no_key = call("", 100);
   EXPECT_EQ(no_key.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -187,7 +234,7 @@ TEST_F(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
 
 // A call whose key is held by another in flight is ABORTED, retryable, with
 // google.rpc.RetryInfo.
-TEST_F(Grpc, AHeldKeyIsAbortedWithRetryInfo) {
+TEST_P(Grpc, AHeldKeyIsAbortedWithRetryInfo) {
   ASSERT_NO_FATAL_FAILURE(start({"--latency-ms", "1500"}));
   std::thread first([&] { EXPECT_TRUE(call("slow", 300).status.ok()); });
   answer second;
@@ -207,7 +254,7 @@ TEST_F(Grpc, AHeldKeyIsAbortedWithRetryInfo) {
 }
 
 // A card declined for good is recorded and replayed as the same refusal.
-TEST_F(Grpc, ADeclineIsRecordedAndReplayedAsFailedPrecondition) {
+TEST_P(Grpc, ADeclineIsRecordedAndReplayedAsFailedPrecondition) {
   ASSERT_NO_FATAL_FAILURE(start({"--decline-rate", "1"}));
   const auto a = call("declined", 500);
   EXPECT_EQ(a.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
@@ -217,6 +264,11 @@ TEST_F(Grpc, ADeclineIsRecordedAndReplayedAsFailedPrecondition) {
   EXPECT_EQ(b.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(b.status.error_message(), a.status.error_message());
   EXPECT_TRUE(b.replayed);
+  // Found in review: the payments row stayed 'pending' on a decline.
+  EXPECT_EQ(payment_states(), std::vector<std::string>{"card_declined"});
+  EXPECT_EQ(ledger()["charges"], 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Grpc, testing::Values("sqlite", "mysql"), test::backend_name);
 
 }  // namespace

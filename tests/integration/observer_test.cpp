@@ -16,6 +16,7 @@
 
 #include "orpheus/manager.hpp"
 #include "orpheus/prometheus/observer.hpp"
+#include "orpheus/steps.hpp"
 #include "support/backends.hpp"
 
 namespace orpheus {
@@ -199,6 +200,39 @@ TEST_P(Observer, TakeOverLeaseLostAndInProgress) {
   EXPECT_EQ(seen->outcomes(request_outcome::lease_lost), 1);
   EXPECT_EQ(seen->outcomes(request_outcome::in_progress), 1);
   EXPECT_EQ(seen->outcomes(request_outcome::recorded), 1);
+}
+
+// Found in review: a parking by a compensation that fails for good (money
+// authorised, nothing can undo it) was not counted as a parked event, so the
+// alert docs/metrics.md suggests missed the worst kind of parking.
+TEST_P(Observer, AFailedCompensationsParkingIsCounted) {
+  auto seen = std::make_shared<recording_observer>();
+  config cfg;
+  cfg.observer = seen;
+  manager m(*store_, cfg);
+  steps<std::string> flow;
+  auto authorise = flow.step("authorise", [](const attempt&, const std::string&,
+                                             const step_results&) { return std::string("auth"); });
+  flow.step("capture", [](const attempt&, const std::string&, const step_results&) -> std::string {
+    throw non_retryable_error("card_declined", "declined at capture");
+  });
+  authorise.compensate([](const attempt&, const std::string&, const std::string&) {
+    throw non_retryable_error("already_captured", "cannot void");
+  });
+  flow.respond([](tx&, const attempt&, const std::string&, const step_results&) {
+    return response{201, {}, "ok"};
+  });
+  try {
+    (void)m.process(
+        id("k1"), [](tx&) { return std::string("order"); }, flow);
+    ADD_FAILURE() << "must be parked";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked);
+  }
+  EXPECT_EQ(seen->events(request_event::parked), 1);
+  EXPECT_EQ(seen->events(request_event::attempts_exhausted), 0);
+  EXPECT_EQ(seen->outcomes(request_outcome::parked), 1);
+  EXPECT_EQ(seen->phases(request_phase::rpc), 2);  // the two steps
 }
 
 // The Prometheus adapter: the same, as series of a registry, rendered by

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "google/rpc/status.pb.h"
 #include "orpheus/identify.hpp"
@@ -160,7 +161,11 @@ std::string bytes_of(const google::protobuf::MessageLite& message) {
     google::protobuf::io::StringOutputStream stream(&out);
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
-    message.SerializeToCodedStream(&coded);
+    if (!message.SerializeToCodedStream(&coded)) {
+      // A proto2 message with a required field unset: never recorded as empty.
+      throw std::invalid_argument("orpheus::grpc: the message does not serialise (" +
+                                  message.GetTypeName() + ", a required field unset?)");
+    }
   }
   return out;
 }
@@ -225,9 +230,12 @@ void idempotent_unary::answer(::grpc::CallbackServerContext* ctx,
   if (r.replayed) ctx->AddInitialMetadata("idempotent-replayed", "true");
   if (r.status != 200) return reactor->Finish(status_of_recorded(r));
   if (!reply->ParseFromString(r.body)) {
-    return reactor->Finish(
-        status_of(error_info::of(error_class::internal, codes::storage_error,
-                                 "the recorded reply does not read as this method's reply")));
+    // Found in review: answered as a final failure, a payment that was
+    // made could be re-issued by its client under a new key.
+    return reactor->Finish(status_of(
+        error_info::of(error_class::unavailable, codes::reply_unreadable,
+                       "the request was done, but its recorded reply does not read as this "
+                       "method's reply; retry with the same key")));
   }
   reactor->Finish(::grpc::Status::OK);
 }

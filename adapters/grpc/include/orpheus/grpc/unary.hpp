@@ -59,6 +59,7 @@
 
 #include "orpheus/api_keys.hpp"
 #include "orpheus/manager.hpp"
+#include "orpheus/problem.hpp"
 #include "orpheus/work_pool.hpp"
 
 namespace google::protobuf {
@@ -128,10 +129,15 @@ class idempotent_unary {
   /// is the method's full name ("/package.Service/Method"), part of the
   /// fingerprint. `pre(tx&, const Request&) -> PreState` (or with a third
   /// argument, the call's `const request_id&`), `rpc(const attempt&, const
-  /// PreState&) -> T`, `post(tx&, const attempt&, const T&) -> Reply` or
-  /// `post(tx&, const attempt&, const PreState&, const T&) -> Reply` (called
-  /// on success only; a non-retryable failure is recorded by the library, a
-  /// retryable one leaves the key retryable).
+  /// PreState&) -> T`, and Post-RPC: `post(tx&, const attempt&, const T&) ->
+  /// Reply` or `post(tx&, const attempt&, const PreState&, const T&) -> Reply`
+  /// (called on success only; a non-retryable failure is recorded by the
+  /// library, a retryable one leaves the key retryable), or `post(tx&, const
+  /// attempt&, const PreState&, const outcome<T>&) -> Reply`, called for
+  /// every outcome so that it can write the application's rows on a failure
+  /// too (its reply is then ignored: the failure is recorded, or left
+  /// retryable, as above). The method's name is yours to give: a name copied
+  /// from another method would let one key replay that method's reply.
   template <class Request, class Reply, class Pre, class Rpc, class Post>
   ::grpc::ServerUnaryReactor* handle(std::string_view method, ::grpc::CallbackServerContext* ctx,
                                      const Request* request, Reply* reply, Pre pre, Rpc rpc,
@@ -164,9 +170,20 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
   using pre_state = std::decay_t<decltype(detail::call_pre(pre, std::declval<tx&>(), *request,
                                                            std::declval<const request_id&>()))>;
   using value_t = std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const pre_state&>>;
+  // Post-RPC in one of three forms: on success, with or without the Pre-RPC
+  // result, or on every outcome (to write the application's rows on a
+  // failure too; its reply is then ignored and the failure recorded).
+  constexpr bool post_on_outcome =
+      std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&, const outcome<value_t>&>;
   constexpr bool post_takes_state =
       std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&, const value_t&>;
-  if constexpr (post_takes_state) {
+  if constexpr (post_on_outcome) {
+    static_assert(
+        std::is_same_v<std::decay_t<std::invoke_result_t<
+                           Post&, tx&, const attempt&, const pre_state&, const outcome<value_t>&>>,
+                       Reply>,
+        "Post-RPC must return the method's reply type");
+  } else if constexpr (post_takes_state) {
     static_assert(
         std::is_same_v<std::decay_t<std::invoke_result_t<Post&, tx&, const attempt&,
                                                          const pre_state&, const value_t&>>,
@@ -183,18 +200,31 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
       method, ctx, *request, reply,
       [this, request, pre = std::move(pre), rpc = std::move(rpc), post = std::move(post)](
           const request_id& id, const process_options& o) {
-        return manager_.try_process(
-            id, [&](tx& t) { return detail::call_pre(pre, t, *request, id); }, rpc,
-            [&](tx& t, const attempt& a, const pre_state& s, const value_t& v) {
-              Reply r;
-              if constexpr (post_takes_state) {
-                r = post(t, a, s, v);
-              } else {
-                r = post(t, a, v);
-              }
-              return response{200, {{"content-type", "application/x-protobuf"}}, bytes_of(r)};
-            },
-            o);
+        const auto pre_phase = [&](tx& t) { return detail::call_pre(pre, t, *request, id); };
+        const auto recorded = [](const Reply& r) {
+          return response{200, {{"content-type", "application/x-protobuf"}}, bytes_of(r)};
+        };
+        if constexpr (post_on_outcome) {
+          return manager_.try_process(
+              id, pre_phase, rpc,
+              [&](tx& t, const attempt& a, const pre_state& s, const outcome<value_t>& out) {
+                const Reply r = post(t, a, s, out);
+                if (!out.ok()) return problem_response(out.error());
+                return recorded(r);
+              },
+              o);
+        } else {
+          return manager_.try_process(
+              id, pre_phase, rpc,
+              [&](tx& t, const attempt& a, const pre_state& s, const value_t& v) {
+                if constexpr (post_takes_state) {
+                  return recorded(post(t, a, s, v));
+                } else {
+                  return recorded(post(t, a, v));
+                }
+              },
+              o);
+        }
       });
 }
 
