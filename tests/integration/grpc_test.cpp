@@ -27,16 +27,7 @@ namespace beast = orpheus::beast;
 namespace http = boost::beast::http;
 constexpr const char* kKey = "sk_test_grpc_alice_000000";
 
-struct server_process {
-  std::unique_ptr<test::child_process> proc;
-  unsigned short port = 0;
-  void start(std::vector<std::string> argv) {
-    proc = std::make_unique<test::child_process>(std::move(argv));
-    const auto line = proc->read_line(std::chrono::seconds(30)).value_or("");
-    ASSERT_EQ(line.rfind("listening on ", 0), 0U) << "got: " << line;
-    port = static_cast<unsigned short>(std::stoi(line.substr(13)));
-  }
-};
+using server_process = orpheus::test::listening_process;
 
 // On SQLite and on MariaDB (a database of its own): the recorded reply is
 // binary protobuf, and must come back from either byte for byte.
@@ -47,34 +38,14 @@ class Grpc : public testing::TestWithParam<std::string> {
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "api-keys") << kKey << " alice\n"
                                      << "sk_test_grpc_bob_00000000 bob\n";
-    if (GetParam() == "sqlite") {
-      store_ = "sqlite:" + (dir_ / "payments.db").string();
-    } else {
-#if ORPHEUS_TEST_WITH_MYSQL
-      const auto urls = test::mysql_urls();
-      ASSERT_FALSE(urls.empty()) << "ORPHEUS_TEST_MYSQL is not set; run scripts/test";
-      orpheus::mysql_options o;
-      o.shards.push_back(orpheus::parse_mysql_url(urls[0]));
-      admin_ = std::make_unique<orpheus::mysql_store>(o);
-      database_ = "orpheus_grpc_" + test::random_hex(6);
-      auto t = admin_->begin_on_shard(0);
-      t->execute("CREATE DATABASE " + database_);
-      t->commit();
-      store_ = urls[0].substr(0, urls[0].rfind('/') + 1) + database_;
-#else
-      FAIL() << "built without MySQL";
-#endif
-    }
+    scratch_ = std::make_unique<test::scratch_store>(GetParam(), dir_, "orpheus_grpc_");
+    store_ = scratch_->url();
   }
   void TearDown() override {
     server_.proc.reset();
     bank_.proc.reset();
     std::filesystem::remove_all(dir_);
-    if (admin_) {
-      auto t = admin_->begin_on_shard(0);
-      t->execute("DROP DATABASE IF EXISTS " + database_);
-      t->commit();
-    }
+    scratch_.reset();
   }
   // The states of alice's payments rows, read from the server's store.
   std::vector<std::string> payment_states() {
@@ -150,8 +121,7 @@ class Grpc : public testing::TestWithParam<std::string> {
 
   std::filesystem::path dir_;
   std::string store_;
-  std::unique_ptr<orpheus::store> admin_;  // MariaDB: makes and drops the test's database
-  std::string database_;
+  std::unique_ptr<test::scratch_store> scratch_;  // the store, all this test's
   server_process bank_, server_;
   std::unique_ptr<payments::v1::Payments::Stub> stub_;
 };

@@ -26,56 +26,22 @@ namespace http = boost::beast::http;
 using beast::http_request;
 using beast::http_response;
 
-// A child program that prints "listening on PORT" when ready.
-struct service {
-  std::unique_ptr<test::child_process> proc;
-  unsigned short port = 0;
-
-  void start(std::vector<std::string> argv) {
-    proc = std::make_unique<test::child_process>(std::move(argv));
-    const auto line = proc->read_line(std::chrono::seconds(30)).value_or("");
-    ASSERT_EQ(line.rfind("listening on ", 0), 0U) << "got: " << line;
-    port = static_cast<unsigned short>(std::stoi(line.substr(13)));
-  }
-};
+using service = test::listening_process;
 
 class Http : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() / ("orpheus-http-" + test::random_hex());
     std::filesystem::create_directories(dir_);
-    if (GetParam() == "sqlite") {
-      store_ = "sqlite:" + (dir_ / "payments.db").string();
-    } else {
-#if ORPHEUS_TEST_WITH_MYSQL
-      // A database of its own: the payments server's completer finishes
-      // every due payment in its store, and one left behind by another test
-      // would be charged at this test's (fresh) bank.
-      const auto urls = test::mysql_urls();
-      ASSERT_FALSE(urls.empty()) << "ORPHEUS_TEST_MYSQL is not set; run scripts/test";
-      mysql_options o;
-      o.shards.push_back(parse_mysql_url(urls[0]));
-      server_ = std::make_unique<mysql_store>(o);
-      database_ = "orpheus_http_" + test::random_hex(6);
-      auto t = server_->begin_on_shard(0);
-      t->execute("CREATE DATABASE " + database_);
-      t->commit();
-      store_ = urls[0].substr(0, urls[0].rfind('/') + 1) + database_;
-#else
-      FAIL() << "built without MySQL";
-#endif
-    }
+    scratch_ = std::make_unique<test::scratch_store>(GetParam(), dir_, "orpheus_http_");
+    store_ = scratch_->url();
     client_ = "client-" + test::random_hex(4);
   }
   void TearDown() override {
     payments_.proc.reset();
     bank_.proc.reset();
     std::filesystem::remove_all(dir_);
-    if (server_) {
-      auto t = server_->begin_on_shard(0);
-      t->execute("DROP DATABASE IF EXISTS " + database_);
-      t->commit();
-    }
+    scratch_.reset();
   }
 
   void start_bank(std::vector<std::string> extra = {}) {
@@ -172,8 +138,7 @@ class Http : public testing::TestWithParam<std::string> {
 
   std::filesystem::path dir_;
   std::string store_, client_;
-  std::unique_ptr<store> server_;  // MySQL: to create and drop this test's database
-  std::string database_;
+  std::unique_ptr<test::scratch_store> scratch_;  // the store, all this test's
   service bank_, payments_;
 };
 

@@ -74,4 +74,53 @@ inline std::unique_ptr<store> make_store(const std::string& kind, std::size_t sh
 
 inline std::string backend_name(const testing::TestParamInfo<std::string>& p) { return p.param; }
 
+/// A store URL of `kind` for a server process under test, all its own: a
+/// fresh SQLite file in `dir`, or a fresh database on the first test MariaDB
+/// (a payments server's completer finishes every due payment in its store,
+/// and one left behind by another test would be charged at this test's
+/// fresh bank). The database is dropped with this object.
+class scratch_store {
+ public:
+  scratch_store(const std::string& kind, const std::filesystem::path& dir,
+                std::string_view prefix) {
+    if (kind == "sqlite") {
+      url_ = "sqlite:" + (dir / "payments.db").string();
+      return;
+    }
+#if ORPHEUS_TEST_WITH_MYSQL
+    const auto urls = mysql_urls();
+    if (urls.empty()) {
+      ADD_FAILURE() << "ORPHEUS_TEST_MYSQL is not set; run scripts/test";
+      return;
+    }
+    mysql_options o;
+    o.shards.push_back(parse_mysql_url(urls[0]));
+    server_ = std::make_unique<mysql_store>(o);
+    database_ = std::string(prefix) + random_hex(6);
+    auto t = server_->begin_on_shard(0);
+    t->execute("CREATE DATABASE " + database_);
+    t->commit();
+    url_ = urls[0].substr(0, urls[0].rfind('/') + 1) + database_;
+#else
+    ADD_FAILURE() << "store kind '" << kind << "': built without MySQL";
+    static_cast<void>(prefix);
+#endif
+  }
+  scratch_store(const scratch_store&) = delete;
+  scratch_store& operator=(const scratch_store&) = delete;
+  ~scratch_store() {
+    if (!server_) return;
+    auto t = server_->begin_on_shard(0);
+    t->execute("DROP DATABASE IF EXISTS " + database_);
+    t->commit();
+  }
+  /// What payments_server's --store takes.
+  [[nodiscard]] const std::string& url() const { return url_; }
+
+ private:
+  std::string url_;
+  std::unique_ptr<store> server_;  // MySQL: creates and drops the database
+  std::string database_;
+};
+
 }  // namespace orpheus::test

@@ -1,4 +1,5 @@
-// Child processes for crash tests: start, read stdout lines, SIGKILL, wait.
+// Child processes for crash tests: start, read stdout lines, SIGKILL, wait;
+// and servers under test that say when they listen.
 #pragma once
 
 #include <poll.h>
@@ -7,8 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -88,6 +92,21 @@ class child_process {
   pid_t pid_ = -1;
   int out_ = -1;
   std::string buffer_;
+};
+
+/// A child program that prints "listening on PORT" when ready.
+struct listening_process {
+  std::unique_ptr<child_process> proc;
+  unsigned short port = 0;
+
+  /// Starts it and reads its port; a gtest failure if it does not say it
+  /// listens within 30 s.
+  void start(std::vector<std::string> argv) {
+    proc = std::make_unique<child_process>(std::move(argv));
+    const auto line = proc->read_line(std::chrono::seconds(30)).value_or("");
+    ASSERT_EQ(line.rfind("listening on ", 0), 0U) << "got: " << line;
+    port = static_cast<unsigned short>(std::stoi(line.substr(13)));
+  }
 };
 
 }  // namespace orpheus::test
