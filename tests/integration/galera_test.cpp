@@ -194,8 +194,12 @@ TEST_F(Galera, PaymentsSurviveTheNodeInUseDyingAndRejoining) {
     mysql_store s(one);
     auto t = s.begin_on_shard(0);
     const auto rows = t->query("SELECT COUNT(*) FROM payments WHERE state = 'succeeded'");
+    const auto records =
+        t->query("SELECT COUNT(*) FROM orpheus_records WHERE scope = 'galera' AND state = ?",
+                 static_cast<std::int64_t>(record_state::succeeded));
     t->commit();
     EXPECT_EQ(rows.at(0).get<std::int64_t>(0), kPayments) << "node " << node + 1;
+    EXPECT_EQ(records.at(0).get<std::int64_t>(0), kPayments) << "node " << node + 1;
   }
 }
 

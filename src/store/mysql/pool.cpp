@@ -1,5 +1,7 @@
 #include "pool.hpp"
 
+#include <optional>
+
 namespace orpheus::mysql_detail {
 
 std::unique_ptr<connection> pool::borrow() {
@@ -16,7 +18,9 @@ std::unique_ptr<connection> pool::borrow() {
     auto c = std::move(idle_.back());
     idle_.pop_back();
     const auto idle_for = steady::now() - c->last_used();
-    if (idle_for >= discard_after_) {
+    // A connection to a node no longer in use (found in review): a host that
+    // died silently would make its ping wait read_timeout, one after another.
+    if (idle_for >= discard_after_ || c->node() != node_in_use_.load()) {
       --open_;  // closed by the server, or about to be: drop it and look again
       lock.unlock();
       c.reset();
@@ -57,27 +61,38 @@ std::unique_ptr<connection> pool::borrow() {
 
 std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
   const std::size_t nodes = 1 + shard_.failover.size();
-  const std::size_t first = node_in_use_.load() % nodes;
+  std::size_t first = node_in_use_.load() % nodes;
+  // Every node refused: a retryable error if any was (a node down), rather
+  // than the last node's (found in review: a permanent one, a host blocked,
+  // would fail the request for good while another node was merely down).
+  std::optional<sql::SQLException> transient;
   for (std::size_t i = 0;; ++i) {
     const std::size_t n = (first + i) % nodes;
     const mysql_host node = n == 0 ? mysql_host{shard_.host, shard_.port} : shard_.failover[n - 1];
     try {
       auto c = std::make_unique<connection>(node, n, shard_, options_, autocommit_, generation);
-      node_in_use_.store(n);
+      // Only if no other thread moved the node in use meanwhile.
+      node_in_use_.compare_exchange_strong(first, n);
       return c;
-    } catch (const sql::SQLException&) {
-      if (i + 1 == nodes) throw;  // every node refused: the last one's error
+    } catch (const sql::SQLException& e) {
+      if (!transient && judge(e, false, false).retryable) transient.emplace(e);
+      if (i + 1 == nodes) {
+        if (transient) throw *transient;
+        throw;
+      }
     }
   }
 }
 
-void pool::give_back(std::unique_ptr<connection> c, bool broken) {
+void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost) {
   if (broken) {
-    // The node may be gone: the next connection tries the next one first.
-    // (Only if this connection's node is still the one in use: a burst of
-    // broken connections moves on once.)
-    std::size_t in_use = c->node();
-    node_in_use_.compare_exchange_strong(in_use, (in_use + 1) % (1 + shard_.failover.size()));
+    if (link_lost) {
+      // The node may be gone: the next connection tries the next one first.
+      // (Only if this connection's node is still the one in use: a burst of
+      // broken connections moves on once.)
+      std::size_t in_use = c->node();
+      node_in_use_.compare_exchange_strong(in_use, (in_use + 1) % (1 + shard_.failover.size()));
+    }
     c.reset();
     std::lock_guard lock(mutex_);
     --open_;

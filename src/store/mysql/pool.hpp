@@ -42,8 +42,11 @@ class pool {
   /// pool_wait, then throws a retryable storage_error.
   std::unique_ptr<connection> borrow();
   /// Returns a connection; a broken one is closed, and every idle connection
-  /// opened before it is pinged before its next use.
-  void give_back(std::unique_ptr<connection> c, bool broken);
+  /// opened before it is pinged before its next use. `link_lost`: its link
+  /// failed (lost connection, a node not ready), so the next connection
+  /// tries the shard's next node first; a session closed for other reasons
+  /// (a failed COMMIT, a certification conflict) leaves the node in use.
+  void give_back(std::unique_ptr<connection> c, bool broken, bool link_lost);
 
   const mysql_shard& shard() const { return shard_; }
 
@@ -74,7 +77,7 @@ class borrowed {
   borrowed(const borrowed&) = delete;
   borrowed& operator=(const borrowed&) = delete;
   ~borrowed() {
-    if (conn_) pool_->give_back(std::move(conn_), broken_);
+    if (conn_) pool_->give_back(std::move(conn_), broken_, link_lost_);
   }
   connection& operator*() { return *conn_; }
   connection* operator->() { return conn_.get(); }
@@ -97,7 +100,7 @@ class borrowed {
       last_code_ = e.getErrorCode();
       const bool timeout_rolls_back = conn_->rollback_on_timeout();
       const auto v = mysql_detail::judge(e, in_commit, timeout_rolls_back);
-      if (v.connection_broken) broken_ = true;
+      if (v.connection_broken) broken_ = link_lost_ = true;
       ended_ = v.transaction_ended;
       throw classify(e, what, in_commit, timeout_rolls_back);
     }
@@ -107,6 +110,9 @@ class borrowed {
   pool* pool_;
   std::unique_ptr<connection> conn_;
   bool broken_ = false;
+  /// The link itself failed (not just a session in an unknown state): the
+  /// node may be gone.
+  bool link_lost_ = false;
   bool ended_ = false;
   int last_code_ = 0;
 };
