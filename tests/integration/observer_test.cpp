@@ -267,6 +267,28 @@ TEST_P(Observer, PrometheusSeriesByOutcomeEventPhaseAndShard) {
   }
 }
 
+// How an error a call ended in is counted, for the outcomes the other tests
+// do not reach on a healthy database.
+TEST(RequestOutcome, OfAnErrorByItsCodeAndClass) {
+  EXPECT_EQ(outcome_of(storage_error::transient("down").info()),
+            request_outcome::storage_unavailable);
+  EXPECT_EQ(outcome_of(storage_error::transient("commit", true).info()), request_outcome::in_doubt);
+  EXPECT_EQ(outcome_of(storage_error::lease_lost("taken").info()), request_outcome::lease_lost);
+  EXPECT_EQ(outcome_of(storage_error::permanent("bad sql").info()), request_outcome::refused);
+  EXPECT_EQ(outcome_of(error_info::of(error_class::unavailable, codes::request_parked, "m")),
+            request_outcome::parked);
+  EXPECT_EQ(outcome_of(error_info::of(error_class::conflict, codes::in_progress, "m")),
+            request_outcome::in_progress);
+  EXPECT_EQ(
+      outcome_of(error_info::of(error_class::invalid_input, codes::fingerprint_mismatch, "m")),
+      request_outcome::mismatch);
+  EXPECT_EQ(outcome_of(retryable_error("bank_down", "503").info()), request_outcome::retry_later);
+  EXPECT_EQ(outcome_of(bad_input_error(codes::invalid_key, "m").info()), request_outcome::refused);
+  for (const auto o : all_request_outcomes) EXPECT_FALSE(to_string(o).empty());
+  for (const auto e : all_request_events) EXPECT_FALSE(to_string(e).empty());
+  for (const auto p : all_request_phases) EXPECT_FALSE(to_string(p).empty());
+}
+
 TEST(PrometheusObserver, RefusesBadOptionsAndCountsAShardMadeLater) {
   ::prometheus::Registry registry;
   EXPECT_THROW(orpheus::prometheus::observer(registry, 0), config_error);
