@@ -68,17 +68,18 @@ std::size_t shard_for_observer(const store& s, const request_id& id) noexcept {
   }
 }
 
-/// Tells config::observer, when there is one, that `e` happened to `id`.
-void note(const config& c, const store& s, const request_id& id, request_event e) noexcept {
-  if (c.observer) c.observer->on_event(shard_for_observer(s, id), e);
+/// Tells config::observer, when there is one, that `e` happened to the key
+/// on `shard`.
+void note(const config& c, std::size_t shard, request_event e) noexcept {
+  if (c.observer) c.observer->on_event(shard, e);
 }
 
 /// Times one phase for config::observer, to its end or its exception.
 class phase_timer {
  public:
-  phase_timer(const config& c, const store& s, const request_id& id, request_phase p) noexcept
+  phase_timer(const config& c, std::size_t shard, request_phase p) noexcept
       : observer_(c.observer.get()),
-        shard_(observer_ != nullptr ? shard_for_observer(s, id) : 0),
+        shard_(shard),
         phase_(p),
         started_(observer_ != nullptr ? clock::now() : clock::time_point{}) {}
   phase_timer(const phase_timer&) = delete;
@@ -431,7 +432,7 @@ void record_after_rpc(const after_rpc& w,
   // An in-doubt RPC keeps its lease (to its end): releasing it would let a
   // retry overlap the call that may still run downstream.
   const bool rpc_in_doubt = w.failure && w.failure->in_doubt();
-  const phase_timer timed(w.c, w.s, w.id, request_phase::record);
+  const phase_timer timed(w.c, w.ctx.shard, request_phase::record);
   const auto leave = [&](std::string_view why) {
     if (!rpc_in_doubt) {
       release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
@@ -531,18 +532,22 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
                       const detail::run_context& ctx) {
   observer* const o = config_.observer.get();
   if (o == nullptr) return run_unobserved(id, p, options, ctx);
+  // The key's shard once per call (with several shards, a SHA-256), for
+  // every report of it.
+  detail::run_context observed = ctx;
+  observed.shard = shard_for_observer(store_, id);
   request_outcome outcome = request_outcome::refused;
   try {
-    response r = run_unobserved(id, p, options, ctx);
+    response r = run_unobserved(id, p, options, observed);
     outcome = r.replayed ? request_outcome::replayed : request_outcome::recorded;
-    o->on_request(shard_for_observer(store_, id), outcome);
+    o->on_request(observed.shard, outcome);
     return r;
   } catch (...) {
     try {
       outcome = outcome_of(classify(std::current_exception(), config_.unclassified));
     } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: refused it is
     }
-    o->on_request(shard_for_observer(store_, id), outcome);
+    o->on_request(observed.shard, outcome);
     throw;
   }
 }
@@ -576,7 +581,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     // 1. Replay fast path: one read, no transaction, no lock.
     std::optional<record> seen;
     {
-      const phase_timer timed(config_, store_, id, request_phase::read);
+      const phase_timer timed(config_, ctx.shard, request_phase::read);
       seen = store_.read(id);
     }
     if (seen) {
@@ -615,7 +620,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     // committed: a new record, or a take-over or retry of an old one.
     std::optional<request_event> acquired;
     try {
-      const phase_timer timed(config_, store_, id, request_phase::acquire);
+      const phase_timer timed(config_, ctx.shard, request_phase::acquire);
       if (!seen) {
         // A new request, in the transaction every new key makes: a job of
         // the backend (transact), which commits it. Throwing undoes it.
@@ -771,7 +776,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       }
       throw;
     }
-    if (acquired) note(config_, store_, id, *acquired);
+    if (acquired) note(config_, ctx.shard, *acquired);
     if (unreadable) {
       log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(*unreadable));
       throw error(*unreadable);
@@ -797,7 +802,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     }
     std::optional<error_info> failure;
     {
-      const phase_timer timed(config_, store_, id, request_phase::rpc);
+      const phase_timer timed(config_, ctx.shard, request_phase::rpc);
       failure = p.rpc(a);
     }
 
@@ -858,7 +863,7 @@ response manager::run_flow(flow_run& f) {
     nlohmann::json result;
     std::optional<error_info> failure;
     {
-      const phase_timer timed(config_, store_, f.id, request_phase::rpc);
+      const phase_timer timed(config_, f.ctx.shard, request_phase::rpc);
       failure = s.rpc(a, step_results(f.progress.done), result);
     }
     if (!failure) {

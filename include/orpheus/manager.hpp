@@ -245,7 +245,21 @@ struct run_context {
   std::string_view handler;
   int handler_version = 0;
   std::string_view runner = "client";  ///< "client" or "completer", for the history
+  /// The key's shard, for config::observer: found once per call by run().
+  std::size_t shard = 0;
 };
+
+/// A front end's Pre-RPC in either of its two forms, `pre(tx&, const
+/// Request&)` or with the request id as a third argument (the Beast
+/// middleware's and the gRPC adapter's handle()).
+template <class Pre, class Request>
+auto call_pre(const Pre& pre, tx& t, const Request& r, const request_id& id) {
+  if constexpr (std::is_invocable_v<const Pre&, tx&, const Request&, const request_id&>) {
+    return pre(t, r, id);
+  } else {
+    return pre(t, r);
+  }
+}
 
 /// One step of a multi-step request with its types erased and the
 /// request's Pre-RPC result bound (manager::process_flow).

@@ -197,18 +197,6 @@ class middleware {
   middleware_options options_;
 };
 
-namespace detail {
-/// A handler's Pre-RPC, in either of its two forms (see middleware::handle).
-template <class Pre>
-auto call_pre(const Pre& pre, tx& t, const http_request& r, const request_id& id) {
-  if constexpr (std::is_invocable_v<const Pre&, tx&, const http_request&, const request_id&>) {
-    return pre(t, r, id);
-  } else {
-    return pre(t, r);
-  }
-}
-}  // namespace detail
-
 template <class Pre, class Rpc, class Post>
 void middleware::handle(http_request&& req, const responder& respond, Pre pre, Rpc rpc, Post post) {
   auto p = admit(std::move(req), respond);
@@ -216,7 +204,7 @@ void middleware::handle(http_request&& req, const responder& respond, Pre pre, R
   p->run = [this, pre = std::move(pre), rpc = std::move(rpc), post = std::move(post)](
                const request_id& id, const http_request& r, const process_options& o) {
     return manager_.try_process(
-        id, [&](tx& t) { return detail::call_pre(pre, t, r, id); }, rpc, post, o);
+        id, [&](tx& t) { return orpheus::detail::call_pre(pre, t, r, id); }, rpc, post, o);
   };
   start(std::move(p));
 }
@@ -229,7 +217,7 @@ void middleware::handle_named(std::string handler_name, http_request&& req,
   p->run = [this, name = std::move(handler_name), pre = std::move(pre)](
                const request_id& id, const http_request& r, const process_options& o) {
     return manager_.try_process(
-        name, id, [&](tx& t) { return detail::call_pre(pre, t, r, id); }, o);
+        name, id, [&](tx& t) { return orpheus::detail::call_pre(pre, t, r, id); }, o);
   };
   start(std::move(p));
 }

@@ -68,18 +68,6 @@ class MessageLite;
 
 namespace orpheus::grpc {
 
-namespace detail {
-/// A Pre-RPC in either form: (tx&, const Request&) or with the request id.
-template <class Pre, class Request>
-auto call_pre(const Pre& pre, tx& t, const Request& r, const request_id& id) {
-  if constexpr (std::is_invocable_v<const Pre&, tx&, const Request&, const request_id&>) {
-    return pre(t, r, id);
-  } else {
-    return pre(t, r);
-  }
-}
-}  // namespace detail
-
 /// The caller's identity (the scope of its keys) from a call; nullopt when
 /// the call does not authenticate one.
 using scope_function =
@@ -167,8 +155,8 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
                                                      ::grpc::CallbackServerContext* ctx,
                                                      const Request* request, Reply* reply, Pre pre,
                                                      Rpc rpc, Post post) {
-  using pre_state = std::decay_t<decltype(detail::call_pre(pre, std::declval<tx&>(), *request,
-                                                           std::declval<const request_id&>()))>;
+  using pre_state = std::decay_t<decltype(orpheus::detail::call_pre(
+      pre, std::declval<tx&>(), *request, std::declval<const request_id&>()))>;
   using value_t = std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const pre_state&>>;
   // Post-RPC in one of three forms: on success, with or without the Pre-RPC
   // result, or on every outcome (to write the application's rows on a
@@ -200,7 +188,9 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
       method, ctx, *request, reply,
       [this, request, pre = std::move(pre), rpc = std::move(rpc), post = std::move(post)](
           const request_id& id, const process_options& o) {
-        const auto pre_phase = [&](tx& t) { return detail::call_pre(pre, t, *request, id); };
+        const auto pre_phase = [&](tx& t) {
+          return orpheus::detail::call_pre(pre, t, *request, id);
+        };
         const auto recorded = [](const Reply& r) {
           return response{200, {{"content-type", "application/x-protobuf"}}, bytes_of(r)};
         };
