@@ -3,9 +3,10 @@
 // The one place the library turns an error's transport-neutral class
 // (error_class, orpheus/codes.hpp) into an HTTP status. The Beast adapter
 // answers with it, and the core uses it for the failures it records itself
-// (attempts exhausted; a non-retryable RPC failure under a success-only
-// Post-RPC): a recorded failure replays byte for byte, so it is written in its
-// HTTP form when it is recorded (docs/contract.md).
+// (a non-retryable RPC failure under a success-only Post-RPC; a multi-step
+// request undone before its pivot, when its flow has no failure responder): a
+// recorded failure replays byte for byte, so it is written in its HTTP form
+// when it is recorded (docs/errors.md says why this is in the core).
 //
 //   http_status_of(error_info::of(error_class::conflict, codes::in_progress, "busy")) == 409
 #pragma once
