@@ -2,10 +2,15 @@
 // durable work with the fewest statements, in the same run. Reports
 // requests/s, the Orpheus/baseline ratio, and statements per request read
 // from the server's status counters (Com_select + Com_insert + Com_update,
-// Com_commit, and Questions = round trips).
+// Com_commit, and Questions = round trips), and CPU per request: this
+// process's (client us/req) and the database server's (db us/req, every
+// thread of mariadbd, when ORPHEUS_BENCH_DB_PID names it). On a shared VM
+// the CPU figures hold far stiller than requests per second, which a new
+// key's two fsyncs dominate.
 //
 //   scripts/bench            starts its own MariaDB and runs this
 //   ORPHEUS_BENCH_MYSQL=mysql://u:p@127.0.0.1:3306/d build/bench/orpheus_bench
+//   (and ORPHEUS_BENCH_DB_PID=PID of mariadbd for db us/req)
 //
 // The server must be otherwise idle: the counters are server-wide.
 #include <benchmark/benchmark.h>
@@ -17,6 +22,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -45,9 +53,32 @@ std::unique_ptr<sql::Connection> connect(bool autocommit) {
   return c;
 }
 
-// Server-wide statement counters.
+// Nanoseconds on a CPU of every thread of process `pid` so far
+// (/proc/PID/task/*/schedstat, first field); 0 when it cannot be read.
+double cpu_ns_of(long pid) {
+  double total = 0;
+  std::error_code ec;  // a thread may end while we look: skip it, never throw
+  for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/task", ec), end;
+       !ec && it != end; it.increment(ec)) {
+    std::ifstream in(it->path() / "schedstat");
+    double ns = 0;
+    if (in >> ns) total += ns;
+  }
+  return total;
+}
+
+double self_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e9 + static_cast<double>(t.tv_nsec);
+}
+
+long g_db_pid = 0;  // ORPHEUS_BENCH_DB_PID; 0: the server's CPU is not counted
+
+// Server-wide statement counters, and CPU used so far.
 struct counters {
   long dml = 0, commits = 0, round_trips = 0;
+  double client_ns = 0, db_ns = 0;
 };
 counters read_counters() {
   static auto mon = connect(true);
@@ -68,6 +99,8 @@ counters read_counters() {
   }
   // Exclude the monitor's own SHOW (one round trip, counted as no DML).
   c.round_trips -= 1;
+  c.client_ns = self_cpu_ns();
+  if (g_db_pid > 0) c.db_ns = cpu_ns_of(g_db_pid);
   return c;
 }
 
@@ -82,6 +115,8 @@ void report(benchmark::State& state, const counters& before, const counters& aft
   state.counters["commits/req"] = static_cast<double>(after.commits - before.commits) / n;
   state.counters["roundtrips/req"] =
       static_cast<double>(after.round_trips - before.round_trips) / n - app;
+  state.counters["client_us/req"] = (after.client_ns - before.client_ns) / n / 1e3;
+  if (g_db_pid > 0) state.counters["db_us/req"] = (after.db_ns - before.db_ns) / n / 1e3;
   state.SetItemsProcessed(state.iterations());
 }
 
@@ -233,9 +268,16 @@ class ratio_reporter : public benchmark::ConsoleReporter {
       if (r.run_type != Run::RT_Aggregate || r.aggregate_name != "median") continue;
       const auto it = r.counters.find("items_per_second");
       if (it != r.counters.end()) rate[r.run_name.function_name] = it->second.value;
+      double us = 0;
+      for (const char* name : {"client_us/req", "db_us/req"}) {
+        const auto c = r.counters.find(name);
+        if (c != r.counters.end()) us += c->second.value;
+      }
+      cpu_us[r.run_name.function_name] = us;
     }
   }
   std::map<std::string, double> rate;
+  std::map<std::string, double> cpu_us;  // client + database, per request
 };
 
 }  // namespace
@@ -247,6 +289,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_shard = orpheus::parse_mysql_url(url);
+  if (const char* pid = std::getenv("ORPHEUS_BENCH_DB_PID")) g_db_pid = std::atol(pid);
   orpheus::mysql_options o;
   o.shards = {g_shard};
   g_store = std::make_unique<orpheus::mysql_store>(o);
@@ -278,6 +321,18 @@ int main(int argc, char** argv) {
     if (mine > 0 && b > 0) {
       std::cout << "  " << std::left << std::setw(8) << what << std::fixed << std::setprecision(2)
                 << mine / b << "x\n";
+    }
+  }
+  std::cout << "CPU per request (client + "
+            << (g_db_pid > 0 ? "database server" : "client only: no ORPHEUS_BENCH_DB_PID")
+            << "), medians, hand-written baseline / Orpheus (above 1: Orpheus uses less):\n";
+  for (const char* what : {"NewKey", "Replay"}) {
+    const auto mine = reporter.cpu_us.find(std::string("BM_") + what + "_Orpheus");
+    const auto b = reporter.cpu_us.find(std::string("BM_") + what + "_Baseline");
+    if (mine != reporter.cpu_us.end() && b != reporter.cpu_us.end() && mine->second > 0) {
+      std::cout << "  " << std::left << std::setw(8) << what << std::fixed << std::setprecision(2)
+                << b->second / mine->second << "x (" << std::setprecision(1) << b->second
+                << " us / " << mine->second << " us)\n";
     }
   }
   const double cached = find("BM_Replay_Orpheus_Cached");
