@@ -13,6 +13,8 @@ test -f "$prefix/lib/cmake/orpheus/orpheus-config.cmake"
 test -f "$prefix/share/orpheus/schema/mysql/001_create_records.sql"
 with_mysql=OFF
 case ",$built," in *",mysql,"*) with_mysql=ON ;; esac
+with_grpc=OFF
+case ",$built," in *",grpc,"*) with_grpc=ON ;; esac
 if [ $with_mysql = OFF ]; then
   # No header without its library.
   test ! -e "$prefix/include/orpheus/store/mysql.hpp"
@@ -22,7 +24,7 @@ fi
 # Every component built, linked and run, in a project that sets no C++
 # standard (orpheus::core brings C++20).
 cmake -S "$src/tests/install/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCONSUMER_WITH_MYSQL=$with_mysql >/dev/null
+  -DCONSUMER_WITH_MYSQL=$with_mysql -DCONSUMER_WITH_GRPC=$with_grpc >/dev/null
 cmake --build "$work/consumer" -j 2 >/dev/null
 "$work/consumer/consumer" "$work/consumer.db"
 
@@ -68,5 +70,11 @@ case ",$built," in
   components "prometheus" "orpheus::core;prometheus-cpp::core" \
     "orpheus::sqlite;orpheus::beast;Boost::headers;orpheus::mysql" ;;
 *) refused "prometheus" "built without it (-DORPHEUS_WITH_PROMETHEUS=OFF)" ;;
+esac
+case ",$built," in
+*",grpc,"*)
+  components "grpc" "orpheus::core;gRPC::grpc++;protobuf::libprotobuf" \
+    "orpheus::sqlite;orpheus::beast;Boost::headers;orpheus::mysql;prometheus-cpp::core" ;;
+*) refused "grpc" "built without it (-DORPHEUS_WITH_GRPC=OFF, the default)" ;;
 esac
 refused "sqlite;nosuch" "'nosuch' is not a component"
