@@ -268,8 +268,8 @@ TEST_P(Http, ScopesAreIsolated) {
 
 // Issue 12: a caller authenticates with `Authorization: Bearer <api key>`.
 // A missing, malformed or unknown key is 401 with `WWW-Authenticate: Bearer`
-// and touches nothing: no record, no charge, the key free for the caller's
-// real request. X-Client-Id alone is not believed without
+// (`error="invalid_token"` for a well-formed unknown one) and touches nothing: no record, no
+// charge, the key free for the caller's real request. X-Client-Id alone is not believed without
 // --trust-client-id-header.
 TEST_P(Http, AWrongOrMissingBearerTokenIs401AndTouchesNothing) {
   start_bank();
@@ -286,7 +286,11 @@ TEST_P(Http, AWrongOrMissingBearerTokenIs401AndTouchesNothing) {
     req.body() = body;
     const auto refused = send(payments_.port, req);
     EXPECT_EQ(refused.result_int(), 401U) << authorization;
-    EXPECT_EQ(refused[http::field::www_authenticate], "Bearer") << authorization;
+    // A well-formed Bearer token the server does not know: invalid_token.
+    const bool token = authorization.starts_with("Bearer sk_");
+    EXPECT_EQ(refused[http::field::www_authenticate],
+              token ? R"(Bearer error="invalid_token")" : "Bearer")
+        << authorization;
     EXPECT_EQ(nlohmann::json::parse(refused.body())["code"], "unauthenticated") << authorization;
   }
   http_request get{http::verb::get, "/v1/payments/pay_0_x", 11};

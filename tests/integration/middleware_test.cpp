@@ -393,7 +393,12 @@ TEST_F(Middleware, BearerTokensScopeKeysAndAWrongOneTouchesNoRecord) {
                                   "Bearer sk_test_alice_0123456789 x", "bearer"}) {
     const auto res = call(mw, as(wrong), &rpc);
     EXPECT_EQ(res.result_int(), 401U) << wrong;
-    EXPECT_EQ(res[http::field::www_authenticate], "Bearer") << wrong;
+    // RFC 6750: a well-formed token that was refused is invalid_token; no
+    // token, another scheme or a malformed value gets the bare challenge.
+    EXPECT_EQ(res[http::field::www_authenticate], wrong == "Bearer sk_test_mallory_000000"
+                                                      ? R"(Bearer error="invalid_token")"
+                                                      : "Bearer")
+        << wrong;
     EXPECT_EQ(nlohmann::json::parse(res.body())["code"], "unauthenticated") << wrong;
   }
   EXPECT_EQ(rpc, 0);
@@ -411,6 +416,32 @@ TEST_F(Middleware, BearerTokensScopeKeysAndAWrongOneTouchesNoRecord) {
   EXPECT_EQ(rpc, 2);
   EXPECT_TRUE(ops.show("client:alice", "order-1").has_value());
   EXPECT_TRUE(ops.show("client:bob", "order-1").has_value());
+}
+
+// The refused token's challenge keeps the configured parameters; a challenge
+// of another scheme is sent as configured, whatever the request carried.
+TEST_F(Middleware, ARefusedBearerTokenIsInvalidTokenInTheConfiguredChallenge) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  const auto keys = api_keys::parse("sk_test_alice_0123456789 alice\n");
+  const auto refused = [&](const std::string& challenge) {
+    middleware_options o;
+    o.scope = bearer_scope(keys);
+    o.www_authenticate = challenge;
+    middleware mw(*m_, pool, std::move(o));
+    auto r = post("order-1", R"({"amount":1})");
+    r.erase("X-Client-Id");
+    r.set(http::field::authorization, "Bearer sk_test_mallory_000000");
+    int rpc = 0;
+    const auto res = call(mw, std::move(r), &rpc);
+    EXPECT_EQ(res.result_int(), 401U);
+    EXPECT_EQ(rpc, 0);
+    return std::string(res[http::field::www_authenticate]);
+  };
+  EXPECT_EQ(refused(R"(Bearer realm="payments")"),
+            R"(Bearer realm="payments", error="invalid_token")");
+  EXPECT_EQ(refused("bearer"), R"(bearer error="invalid_token")");
+  EXPECT_EQ(refused(R"(Basic realm="payments")"), R"(Basic realm="payments")");
 }
 
 TEST_F(Middleware, RefusesAChallengeThatIsNotOneLine) {

@@ -1,10 +1,12 @@
 #include "orpheus/beast/middleware.hpp"
 
 #include <algorithm>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "orpheus/api_keys.hpp"
 #include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
 #include "orpheus/problem.hpp"
@@ -105,6 +107,14 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
         "middleware: www_authenticate (the 401's challenge) is empty or not one "
         "line of text");
   }
+  // RFC 6750 section 3: the auth-scheme, then its parameters after a space.
+  const std::string_view challenge = options_.www_authenticate;
+  const std::size_t scheme_end = std::min(challenge.find(' '), challenge.size());
+  if (boost::beast::iequals(boost::beast::string_view(challenge.data(), scheme_end), "Bearer")) {
+    const bool has_params = challenge.find_first_not_of(' ', scheme_end) != std::string_view::npos;
+    invalid_token_challenge_ =
+        options_.www_authenticate + (has_params ? ", " : " ") + R"(error="invalid_token")";
+  }
   if (options_.key_header.empty()) throw config_error("middleware: key_header is empty");
   for (auto& h : options_.fingerprint_headers) {
     std::transform(h.begin(), h.end(), h.begin(),
@@ -132,7 +142,14 @@ std::variant<request_id, http_response> middleware::identify(const http_request&
   auto who = orpheus::identify(
       text_of(req, options_.fingerprint_headers), key_value, [&] { return options_.scope(req); },
       rules);
-  if (auto* refused = std::get_if<error_info>(&who)) return error_response(*refused, {});
+  if (auto* refused = std::get_if<error_info>(&who)) {
+    auto res = error_response(*refused, {});
+    if (res.result() == http::status::unauthorized && !invalid_token_challenge_.empty() &&
+        bearer_token(sv(req[http::field::authorization]))) {
+      res.set(http::field::www_authenticate, invalid_token_challenge_);
+    }
+    return res;
+  }
   return std::get<identity>(std::move(who)).id;
 }
 

@@ -86,7 +86,12 @@ struct middleware_options {
   /// orpheus/api_keys.hpp reads bearer tokens (`Authorization: Bearer`).
   scope_function scope;
   /// The challenge every 401 carries in `WWW-Authenticate` (HTTP requires
-  /// one): the scheme `scope` authenticates with, and its parameters.
+  /// one): the scheme `scope` authenticates with, and its parameters. When
+  /// it is a Bearer challenge and the request did present a well-formed
+  /// Bearer token, that token was refused, and the challenge says so with
+  /// `error="invalid_token"` (RFC 6750 section 3.1: a client may then fetch
+  /// a new token); a request without one, or with another scheme, gets the
+  /// challenge as it is.
   std::string www_authenticate = "Bearer";
   /// Wait up to wait.wait_for for a concurrent attempt instead of answering
   /// 409 at once; the wait is a timer, not a pool thread.
@@ -195,6 +200,9 @@ class middleware {
   manager& manager_;
   work_pool& pool_;
   middleware_options options_;
+  /// www_authenticate with `error="invalid_token"`, when it is a Bearer
+  /// challenge; empty otherwise.
+  std::string invalid_token_challenge_;
 };
 
 template <class Pre, class Rpc, class Post>
