@@ -7,6 +7,7 @@
 #include "../common/flags.hpp"
 #include "../common/stop_signals.hpp"
 #include "../payments_server/gateway.hpp"
+#include "../payments_server/purger.hpp"
 #include "../payments_server/storage.hpp"
 #include "orpheus/api_keys.hpp"
 #include "service.hpp"
@@ -28,6 +29,13 @@ Usage: payments_grpc_server --bank URL --api-keys FILE [flags]
   --rpc-timeout-ms N  deadline of the bank call, < lease (default 5000)
   --workers N       threads for database and bank work (default 16)
   --queue N         calls queued for them before UNAVAILABLE (default 256)
+  --retry-window-ms N  a key unfinished after this long fails for good
+                    (default 86400000)
+  --retention-ms N  how long a finished call's record is kept and replayed
+                    (default 604800000, 7 days; not shorter than the retry
+                    window)
+  --purge-interval-ms N  delete expired records this often (default 60000)
+  --purge-batch N   records deleted per statement when purging (1000)
 
 A call carries metadata `idempotency-key: <key>`. Prints "listening on PORT"
 once ready; SIGTERM or SIGINT stops it: no new calls, the calls in flight
@@ -47,12 +55,18 @@ int main(int argc, char** argv) {
   orpheus::config cfg;
   cfg.lease = std::chrono::milliseconds(f.num("lease-ms", 10000));
   cfg.rpc_timeout = std::chrono::milliseconds(f.num("rpc-timeout-ms", 5000));
+  cfg.retry_window = std::chrono::milliseconds(f.num("retry-window-ms", 24L * 3600 * 1000));
+  cfg.retention = std::chrono::milliseconds(f.num("retention-ms", 7L * 24 * 3600 * 1000));
   const long workers = f.num("workers", 16);
   const long queue = f.num("queue", 256);
+  const long purge_interval = f.num("purge-interval-ms", 60000);
+  const long purge_batch = f.num("purge-batch", 1000);
   f.done();
   if (bank_url.empty() || api_keys_path.empty()) f.fail("--bank and --api-keys are required");
   if (port < 0 || port > 65535 || workers < 1 || queue < 1)
     f.fail("--port, --workers or --queue out of range");
+  if (purge_interval < 1 || purge_batch < 1 || cfg.retention.count() < 1)
+    f.fail("--retention-ms, --purge-interval-ms and --purge-batch must be positive");
 
   try {
     auto keys = orpheus::api_keys::load(api_keys_path);
@@ -75,6 +89,9 @@ int main(int argc, char** argv) {
     const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
     if (!server || selected == 0)
       throw std::runtime_error("cannot listen on port " + std::to_string(port));
+    // Expired records go, so that the table does not grow without limit.
+    examples::payments_server::purger purge(manager, std::chrono::milliseconds(purge_interval),
+                                            static_cast<std::size_t>(purge_batch));
     std::cout << "listening on " << selected << std::endl;
     stop.wait();
     std::cerr << "payments_grpc_server: stopping\n";
@@ -82,6 +99,7 @@ int main(int argc, char** argv) {
     // which use the service, the manager and the store: drain before they go.
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
     pool.drain();
+    purge.stop();
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "payments_grpc_server: " << e.what() << "\n";

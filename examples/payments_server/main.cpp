@@ -221,8 +221,9 @@ int main(int argc, char** argv) {
     orpheus::beast::server server(
         server_options,
         routes({mw, who, *store, inproc, stats, flow == "steps" ? steps_handler : single_handler}));
-    purger purge(manager, stats, std::chrono::milliseconds(purge_interval),
-                 static_cast<std::size_t>(purge_batch));
+    purger purge(manager, std::chrono::milliseconds(purge_interval),
+                 static_cast<std::size_t>(purge_batch),
+                 [&stats](std::size_t n) { stats.purged(n); });
     // After everything it uses, so destroyed (and stopped) before them.
     std::optional<orpheus::completer> completer;
     if (completer_ms > 0) {

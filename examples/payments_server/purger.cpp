@@ -2,15 +2,18 @@
 
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "orpheus/log.hpp"
 #include "orpheus/manager.hpp"
 
 namespace examples::payments_server {
 
-purger::purger(orpheus::manager& m, metrics& stats, std::chrono::milliseconds every,
-               std::size_t batch)
-    : manager_(m), stats_(stats), every_(every), batch_(batch), thread_([this] { run(); }) {}
+purger::purger(orpheus::manager& m, std::chrono::milliseconds every, std::size_t batch,
+               on_purged purged)
+    : manager_(m), purged_(std::move(purged)), every_(every), batch_(batch), thread_([this] {
+        run();
+      }) {}
 
 purger::~purger() { stop(); }
 
@@ -32,14 +35,14 @@ void purger::run() {
       // rounds instead of holding the database busy in one go.
       for (int i = 0; i < 100; ++i) {
         const std::size_t n = manager_.purge_expired(batch_);
-        stats_.purged(n);
+        if (purged_) purged_(n);
         if (n < batch_) break;
         std::lock_guard check(m_);
         if (stopping_) break;
       }
     } catch (const std::exception& e) {
       orpheus::log(orpheus::log_level::warning,
-                   std::string("payments_server: purge failed, retried next round: ") + e.what());
+                   std::string("purge failed, retried next round: ") + e.what());
     }
     lock.lock();
   }

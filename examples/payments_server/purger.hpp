@@ -1,16 +1,16 @@
 // Deletes expired idempotency records every `every`, a bounded batch per
 // statement and a bounded number of batches per round, so that the records
 // table does not grow without limit (issue 7, defect 12). stop() wakes it and
-// joins; a purge in progress finishes its batch first.
+// joins; a purge in progress finishes its batch first. Shared by the HTTP and
+// the gRPC payments servers.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <thread>
-
-#include "metrics.hpp"
 
 namespace orpheus {
 class manager;
@@ -20,8 +20,12 @@ namespace examples::payments_server {
 
 class purger {
  public:
-  /// Starts the purging thread; `m` and `stats` must outlive it.
-  purger(orpheus::manager& m, metrics& stats, std::chrono::milliseconds every, std::size_t batch);
+  /// Called after each batch with the records it deleted (e.g. a metric).
+  using on_purged = std::function<void(std::size_t)>;
+
+  /// Starts the purging thread; `m` must outlive it.
+  purger(orpheus::manager& m, std::chrono::milliseconds every, std::size_t batch,
+         on_purged purged = {});
   purger(const purger&) = delete;
   purger& operator=(const purger&) = delete;
   ~purger();  ///< stop()
@@ -33,7 +37,7 @@ class purger {
   void run();
 
   orpheus::manager& manager_;
-  metrics& stats_;
+  on_purged purged_;
   std::chrono::milliseconds every_;
   std::size_t batch_;
   std::mutex m_;

@@ -49,6 +49,10 @@ class Grpc : public testing::TestWithParam<std::string> {
   }
   // The states of alice's payments rows, read from the server's store.
   std::vector<std::string> payment_states() {
+    return column_of("SELECT state FROM payments WHERE client = 'alice'");
+  }
+  // The first column of `sql`'s rows, as text, from the server's store.
+  std::vector<std::string> column_of(const std::string& sql) {
     std::unique_ptr<orpheus::store> s;
     if (GetParam() == "sqlite") {
       s = std::make_unique<orpheus::sqlite_store>(
@@ -61,21 +65,28 @@ class Grpc : public testing::TestWithParam<std::string> {
 #endif
     }
     auto t = s->begin_on_shard(0);
-    const auto rows = t->query("SELECT state FROM payments WHERE client = 'alice'");
+    const auto rows = t->query(sql);
     t->commit();
     std::vector<std::string> out;
     for (const auto& r : rows) out.push_back(r.get<std::string>(0));
     return out;
   }
 
-  void start(std::vector<std::string> bank_flags = {}) {
+  void start(std::vector<std::string> bank_flags = {}, std::vector<std::string> server_flags = {}) {
     std::vector<std::string> bank{ORPHEUS_BINARY_DIR "/examples/bank_simulator"};
     bank.insert(bank.end(), bank_flags.begin(), bank_flags.end());
     ASSERT_NO_FATAL_FAILURE(bank_.start(bank));
-    ASSERT_NO_FATAL_FAILURE(
-        server_.start({ORPHEUS_BINARY_DIR "/examples/payments_grpc_server", "--bank",
-                       "http://127.0.0.1:" + std::to_string(bank_.port), "--store", store_,
-                       "--api-keys", (dir_ / "api-keys").string(), "--workers", "8"}));
+    std::vector<std::string> server{ORPHEUS_BINARY_DIR "/examples/payments_grpc_server",
+                                    "--bank",
+                                    "http://127.0.0.1:" + std::to_string(bank_.port),
+                                    "--store",
+                                    store_,
+                                    "--api-keys",
+                                    (dir_ / "api-keys").string(),
+                                    "--workers",
+                                    "8"};
+    server.insert(server.end(), server_flags.begin(), server_flags.end());
+    ASSERT_NO_FATAL_FAILURE(server_.start(server));
     stub_ = payments::v1::Payments::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(server_.port), grpc::InsecureChannelCredentials()));
   }
@@ -242,3 +253,22 @@ TEST_P(Grpc, ADeclineIsRecordedAndReplayedAsFailedPrecondition) {
 INSTANTIATE_TEST_SUITE_P(Backends, Grpc, testing::Values("sqlite", "mysql"), test::backend_name);
 
 }  // namespace
+
+// The server purges expired records (the table does not grow without limit):
+// with a retention of 1.2 s, a finished call's record is gone soon after.
+TEST_P(Grpc, TheServerPurgesExpiredRecords) {
+  ASSERT_NO_FATAL_FAILURE(
+      start({}, {"--lease-ms", "1000", "--rpc-timeout-ms", "500", "--retry-window-ms", "1000",
+                 "--retention-ms", "1200", "--purge-interval-ms", "100"}));
+  const auto first = call("purged-key", 900);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  const std::string records = "SELECT idem_key FROM orpheus_records WHERE idem_key = 'purged-key'";
+  EXPECT_EQ(column_of(records).size(), 1U);  // recorded (unless already purged: see below)
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {  // up to 10 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gone = column_of(records).empty();
+  }
+  EXPECT_TRUE(gone) << "the record was never purged";
+  EXPECT_EQ(payment_states().size(), 1U);  // the application's row is the application's
+}
