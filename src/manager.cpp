@@ -369,17 +369,42 @@ class app_tx final : public tx {
     const auto mentions = [&](std::string_view word) {
       return upper.find(word) != std::string::npos;
     };
+    // What a SET assigns: the text before its first string literal (a value
+    // that merely contains a word below is not refused).
+    const std::string_view set_targets =
+        std::string_view(upper).substr(0, upper.find_first_of("'\""));
+    const auto sets = [&](std::string_view word) {
+      return set_targets.find(word) != std::string_view::npos;
+    };
+    // A stored procedure may COMMIT inside (found in review): the handler's
+    // writes before it would commit apart from the record, and a retry would
+    // run them again. Its statements belong in the handler itself.
+    if (first == "CALL") {
+      throw storage_error::permanent(
+          "Pre-RPC and Post-RPC may not CALL a stored procedure: it may COMMIT the library's "
+          "transaction apart from the record; run its statements in the handler instead");
+    }
     const bool refused =
         // Ends or escapes the transaction.
         first == "BEGIN" || first == "COMMIT" || first == "END" || first == "START" ||
         first == "XA" || first == "LOCK" || first == "UNLOCK" ||
         (first == "ROLLBACK" && head != "ROLLBACK TO") ||
-        // Any form of SET autocommit (SET SESSION autocommit, SET @@autocommit),
-        // and SET TRANSACTION, which changes what the library's reads see.
-        (first == "SET" && (mentions("AUTOCOMMIT") || head == "SET TRANSACTION")) ||
+        // Any form of SET autocommit (SET SESSION autocommit, SET @@autocommit);
+        // SET [SESSION] TRANSACTION and the isolation and read-only
+        // variables, which change what the library's reads see;
+        // completion_type, which makes COMMIT chain or disconnect; all of
+        // them would also stay on the pooled connection for later requests.
+        // SET PASSWORD commits implicitly.
+        (first == "SET" &&
+         (sets("AUTOCOMMIT") || sets("TRANSACTION") || sets("TX_ISOLATION") ||
+          sets("TX_READ_ONLY") || sets("COMPLETION_TYPE") || head == "SET PASSWORD")) ||
         // DDL commits implicitly on MySQL; schema changes belong to migrations.
         first == "CREATE" || first == "ALTER" || first == "DROP" || first == "TRUNCATE" ||
         first == "RENAME" || first == "GRANT" || first == "REVOKE" || first == "FLUSH" ||
+        // So do the table maintenance and server administration statements.
+        first == "ANALYZE" || first == "OPTIMIZE" || first == "REPAIR" || first == "CHECK" ||
+        first == "CACHE" || head == "LOAD INDEX" || first == "INSTALL" || first == "UNINSTALL" ||
+        first == "RESET" || first == "CHANGE" || first == "STOP" ||
         // MySQL runs /*! ... */ comments as SQL: nothing above could see it.
         sql.find("/*!") != std::string_view::npos ||
         // The SQLite backend's own savepoint (group commit).

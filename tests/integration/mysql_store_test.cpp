@@ -859,3 +859,105 @@ TEST_F(MysqlStore, LostConnectionDuringTheCommitThatRecordsTheResultIsInDoubt) {
 
 }  // namespace
 }  // namespace orpheus
+
+// ---- Found in a review of the MySQL backend ------------------------------------
+namespace orpheus {
+namespace {
+
+// A statement after commit() ran in a new, never-ended transaction; the
+// destructor skipped ROLLBACK, so the pooled connection went back with it
+// open, and the next borrower's COMMIT committed it. Now it is refused, as on
+// SQLite.
+TEST_F(MysqlStore, AStatementAfterCommitNeverLeaksIntoTheNextBorrower) {
+  auto o = options_for_test();
+  o.max_connections_per_shard = 1;
+  mysql_store s(o);
+  const std::string leaked = scope_ + "/leaked";
+  {
+    auto t = s.begin_on_shard(0);
+    t->commit();
+    try {
+      t->execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'after commit')", leaked);
+      ADD_FAILURE() << "a statement ran after commit() (SQLite refuses it)";
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << e.what();
+    }
+  }
+  {
+    auto t = s.begin_on_shard(0);  // the same connection: a pool of one
+    t->query("SELECT 1");
+    t->commit();  // another transaction's COMMIT
+  }
+  EXPECT_FALSE(handler_row_exists(leaked)) << "committed by the next borrower's COMMIT";
+}
+
+TEST_F(MysqlStore, AStatementAfterRollbackNeverLeaksIntoTheNextBorrower) {
+  auto o = options_for_test();
+  o.max_connections_per_shard = 1;
+  mysql_store s(o);
+  const std::string leaked = scope_ + "/leaked-rb";
+  {
+    auto t = s.begin_on_shard(0);
+    t->rollback();
+    try {
+      t->execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'after rollback')", leaked);
+      ADD_FAILURE() << "a statement ran after rollback()";
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << e.what();  // a programming error, not a passing one
+    }
+  }
+  {
+    auto t = s.begin_on_shard(0);
+    t->commit();
+  }
+  EXPECT_FALSE(handler_row_exists(leaked)) << "committed by the next borrower's COMMIT";
+}
+
+// The fence of the compound statement relies on this: ROW_COUNT() in a
+// compound statement follows CLIENT_FOUND_ROWS (a matched, unchanged row
+// counts), so a finish that writes what is already there is not lease_lost.
+TEST_F(MysqlStore, RowCountInACompoundStatementCountsMatchedRows) {
+  auto t = store_->begin_on_shard(0);
+  t->execute("UPDATE mysql_test_locks SET v = 0 WHERE id = 1");
+  EXPECT_NO_THROW(t->execute(
+      "BEGIN NOT ATOMIC UPDATE mysql_test_locks SET v = 0 WHERE id = ?; IF ROW_COUNT() <> 1 "
+      "THEN SIGNAL SQLSTATE '45000'; END IF; END",
+      std::int64_t{1}));
+  t->rollback();
+}
+
+// A handler's CALL of a procedure that commits was not refused: the fenced
+// finish then failed (lease lost, "nothing committed"), yet Post-RPC's row
+// was committed, and the retry would run Post-RPC again. CALL is refused.
+TEST_F(MysqlStore, AProcedureThatCommitsCannotCommitPostRpcApartFromTheRecord) {
+  store_->backend().exclusively(0, [](tx& t) {
+    t.execute(
+        "CREATE PROCEDURE IF NOT EXISTS orpheus_test_commit_proc(IN k VARCHAR(255)) BEGIN INSERT "
+        "INTO mysql_test_rows (k, note) VALUES (k, 'proc'); COMMIT; END");
+  });
+  manager m(*store_);
+  const auto rid = id("call-commit");
+  const std::string row = scope_ + "/call-commit";
+  std::string what;
+  try {
+    m.process(
+        rid, [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+        [&](tx& t, const attempt&, const outcome<int>&) {
+          t.execute("CALL orpheus_test_commit_proc(?)", row);
+          t.execute(
+              "UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? "
+              "AND idem_key = ?",
+              rid.scope, rid.key);
+          return response{200, {}, "ok"};
+        });
+    ADD_FAILURE() << "recorded";
+  } catch (const error& e) {
+    what = std::string(e.code()) + " " + e.what();
+  }
+  EXPECT_NE(what.find("CALL"), std::string::npos) << what;
+  EXPECT_FALSE(handler_row_exists(row))
+      << "Post-RPC's row committed apart from the record: " << what;
+}
+
+}  // namespace
+}  // namespace orpheus

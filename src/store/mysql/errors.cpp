@@ -59,6 +59,14 @@ bool transient_server_code(int code) noexcept {
     case 1037:  // out of memory
     case 1038:  // out of sort memory
     case 1041:  // out of memory (server)
+    // Server-wide limits and metadata races, not the request (found in
+    // review: they failed a request for good although nothing happened).
+    case 1461:  // max_prepared_stmt_count reached: every pooled connection
+                // keeps its prepared statements, so a fleet can fill it
+    case 1615:  // prepared statement needs re-preparing (a concurrent ALTER)
+    case 1412:  // table definition changed, "please retry transaction"
+    case 1689:  // lock wait aborted by a pending exclusive (metadata) lock
+    case 1637:  // too many active concurrent transactions
       return true;
     default:
       return false;

@@ -63,8 +63,14 @@ class mysql_tx final : public backend_tx {
   // is poisoned: every later statement and commit() throw a retryable error
   // without reaching the database, and the session never runs a statement
   // that the caller believes belongs to the old transaction.
+  //
+  // After commit() or rollback() nothing runs either (found in review): with
+  // autocommit off, a statement would open a new transaction that nobody
+  // ends, and the pooled connection would carry it, locks and all, to the
+  // next borrower, whose COMMIT would commit it.
   template <class F>
   auto run(std::string_view what, F&& f) {
+    refuse_if_finished();
     if (!poisoned_.empty()) throw refusal();
     send_deferred();  // statements keep their order
     try {
@@ -73,6 +79,10 @@ class mysql_tx final : public backend_tx {
       if (conn_.transaction_ended()) poisoned_ = e.what();
       throw;
     }
+  }
+
+  void refuse_if_finished() const {
+    if (done_) throw storage_error::permanent("mysql: the transaction is already finished");
   }
 
   storage_error refusal() const {
@@ -116,6 +126,7 @@ class mysql_tx final : public backend_tx {
   // outside a stored program) it is sent at once.
   bool execute_fenced(std::string_view sql, std::span<const sql_value> p,
                       storage_error (*on_fence_failure)()) override {
+    refuse_if_finished();
     if (!poisoned_.empty()) throw refusal();
     send_deferred();
     if (conn_->compound_statements()) {
@@ -127,6 +138,7 @@ class mysql_tx final : public backend_tx {
   }
 
   void commit() override {
+    refuse_if_finished();
     if (!poisoned_.empty()) {
       rollback();  // the server already rolled back; this only cleans the session
       throw refusal();
