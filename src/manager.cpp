@@ -331,7 +331,9 @@ class app_tx final : public tx {
     int words = 0;
     while (i < sql.size() && words < 2) {
       const auto c = static_cast<unsigned char>(sql[i]);
-      if (std::isspace(c) != 0) {
+      // Empty statements before the first word: SQLite skips them and
+      // prepares what follows ("; COMMIT" is a COMMIT; found in review).
+      if (std::isspace(c) != 0 || (c == ';' && words == 0)) {
         ++i;
       } else if (sql.substr(i, 2) == "--") {
         while (i < sql.size() && sql[i] != '\n') ++i;

@@ -22,6 +22,12 @@ storage_error batch_rolled_back() {
       "sqlite: the database rolled the batch back after an error; nothing of it was committed");
 }
 
+storage_error deferred_foreign_key() {
+  return storage_error::permanent(
+      "sqlite: FOREIGN KEY constraint failed (a deferred foreign key this transaction left "
+      "violated); nothing of it was committed");
+}
+
 }  // namespace
 
 single_writer::single_writer(const sqlite_options& o)
@@ -29,7 +35,26 @@ single_writer::single_writer(const sqlite_options& o)
       max_batch_(o.max_batch),
       max_batch_age_(o.max_batch_age),
       conn_(std::make_unique<connection>(o)),
-      writer_([this] { writer_loop(); }) {}
+      writer_([this] { writer_loop(); }) {
+  sqlite3_commit_hook(conn_->db(), &single_writer::on_commit, this);
+}
+
+int single_writer::on_commit(void* self) {
+  auto* w = static_cast<single_writer*>(self);
+  if (!w->committing_) w->foreign_commit_ = true;
+  return 0;  // let it commit
+}
+
+storage_error single_writer::batch_lost() const {
+  if (!foreign_commit_) return batch_rolled_back();
+  // Found in review: a COMMIT run as a statement (by a transaction that is
+  // not the library's: the application's own, from begin_on_shard()) ends
+  // the batch with everything in it committed, or about to be. Saying
+  // "nothing of it was committed" would be false.
+  return storage_error::transient(
+      "sqlite: a COMMIT outside the writer ended the batch; what was in it may be committed",
+      /*in_doubt=*/true);
+}
 
 single_writer::~single_writer() {
   {
@@ -117,6 +142,7 @@ void single_writer::open_batch(std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   batch_open_ = true;
+  foreign_commit_ = false;
   ++batch_;
   kept_ = 0;
   batch_started_ = clock::now();
@@ -250,7 +276,7 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
       if (j->at == job::state::abandoned) continue;  // its caller gave up before it started
       if (outer_lost) {  // not run: the batch is gone, and with it the savepoints
         j->at = job::state::ran;
-        j->own = batch_rolled_back();
+        j->own = batch_lost();
         continue;
       }
       j->at = job::state::running;
@@ -268,9 +294,9 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
       }
     }
     if (outer_lost) {
-      // SQLite rolled the outer transaction back on its own: every member
-      // that committed into it lost its work.
-      finish_batch(lock, batch, batch_rolled_back());
+      // SQLite rolled the outer transaction back on its own (or a foreign
+      // COMMIT ended it): every member that committed into it lost its work.
+      finish_batch(lock, batch, batch_lost());
       return;
     }
   }
@@ -306,7 +332,7 @@ std::uint64_t single_writer::enter() {
     if (batch_open_ && sqlite3_get_autocommit(conn_->db()) != 0) {
       // The failure took the outer transaction with it: its members lost
       // their work, and the next member must open a new batch.
-      finish_batch(lock, batch_, batch_rolled_back());
+      finish_batch(lock, batch_, batch_lost());
     }
     // An open batch with members that committed must still be finished by
     // someone: the next member, or this one now.
@@ -329,8 +355,9 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
   const bool mine = batch_open_ && batch_ == batch;
   if (mine && !outer_alive) {
     // SQLite rolled the outer transaction back on its own: every member that
-    // committed into it lost its work, and nothing of it was committed.
-    finish_batch(lock, batch, batch_rolled_back());
+    // committed into it lost its work, and nothing of it was committed
+    // (unless a foreign COMMIT ended it: batch_lost()).
+    finish_batch(lock, batch, batch_lost());
   } else if (mine) {
     if (kept) ++kept_;
     if (!(has_waiter(lock) && batch_may_grow(lock))) commit_batch(lock);
@@ -368,10 +395,23 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
 // RELEASE failed).
 bool single_writer::end_member(bool keep, std::optional<storage_error>& own) {
   if (keep && sqlite3_get_autocommit(conn_->db()) != 0) {
-    own = batch_rolled_back();
+    own = batch_lost();
     return false;
   }
   if (keep) {
+    // SQLite checks a deferred foreign key only at the outermost COMMIT:
+    // one member's violation would fail the whole batch there, batch-mates
+    // and all (found in review). It is this member's own failure: undone
+    // alone, here.
+    int deferred = 0;
+    int highwater = 0;
+    if (sqlite3_db_status(conn_->db(), SQLITE_DBSTATUS_DEFERRED_FKS, &deferred, &highwater, 0) ==
+            SQLITE_OK &&
+        deferred > 0) {
+      own = deferred_foreign_key();
+      undo_member();
+      return false;
+    }
     try {
       conn_->exec("RELEASE SAVEPOINT orpheus_member");
       return true;
@@ -405,7 +445,9 @@ void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
   std::optional<storage_error> failure;
   sqlite3* db = conn_->db();
   // A batch nobody kept anything in needs no fsync: roll it back.
+  committing_ = true;
   const int rc = sqlite3_exec(db, any ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
+  committing_ = false;
   if (rc != SQLITE_OK && any) {
     try {
       throw_sqlite(db, rc, "commit", /*in_commit=*/true);

@@ -141,6 +141,13 @@ class single_writer {
   void pass_turn(std::unique_lock<std::mutex>& lock);
   [[nodiscard]] bool has_waiter(std::unique_lock<std::mutex>& lock) const;
   void commit_batch(std::unique_lock<std::mutex>& lock);
+  /// Why the members of the open batch lost it when SQLite's transaction
+  /// ended under them: rolled back (nothing committed), or, when a COMMIT
+  /// other than the writer's own ran (a statement of someone's own
+  /// transaction), in doubt: their work may be committed.
+  [[nodiscard]] storage_error batch_lost() const;
+  /// sqlite3_commit_hook: notes a COMMIT that is not the writer's own.
+  static int on_commit(void* self);
   void finish_batch(std::unique_lock<std::mutex>& lock, std::uint64_t batch,
                     std::optional<storage_error> failure);
   /// Unlocks, then wakes everyone pass_turn() and finish_batch() chose.
@@ -172,6 +179,9 @@ class single_writer {
   std::size_t kept_ = 0;        // members of the open batch that committed
   clock::time_point batch_started_;
   std::map<std::uint64_t, storage_error> failed_;  // recent failed batches
+  // Set by the connection's thread (the one whose turn it is) only.
+  bool committing_ = false;      // commit_batch()'s own COMMIT is running
+  bool foreign_commit_ = false;  // another COMMIT ran since the batch opened
   sqlite_writer_stats stats_;
 
   // Jobs not yet run, in arrival order, and the gate their threads sleep on:
