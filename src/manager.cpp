@@ -14,6 +14,7 @@
 #include "pre_state.hpp"
 #include "progress.hpp"
 #include "replay_cache.hpp"
+#include "sql_guard.hpp"
 
 namespace orpheus {
 namespace {
@@ -308,117 +309,22 @@ void park_and_alert(const store& s, std::unique_ptr<detail::record_tx>& t, const
 }
 
 /// What Pre-RPC and Post-RPC get as their `tx`: the application's SQL on the
-/// library's transaction, and nothing that could end that transaction. A
-/// handler that ran COMMIT or ROLLBACK would make the library's bookkeeping
-/// commit on its own, apart from the handler's writes.
+/// library's transaction, and nothing that could end that transaction or
+/// outlive it (sql_guard.hpp).
 class app_tx final : public tx {
  public:
   explicit app_tx(detail::record_tx& t) : t_(t.statements()) {}
   sql_rows query_values(std::string_view sql, std::span<const sql_value> params) override {
-    refuse_transaction_control(sql);
+    detail::refuse_transaction_control(sql);
     return t_.query_values(sql, params);
   }
   std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> params) override {
-    refuse_transaction_control(sql);
+    detail::refuse_transaction_control(sql);
     return t_.execute_values(sql, params);
   }
   [[nodiscard]] std::size_t shard() const override { return t_.shard(); }
 
  private:
-  static std::string first_words(std::string_view sql) {
-    std::string out;
-    std::size_t i = 0;
-    int words = 0;
-    while (i < sql.size() && words < 2) {
-      const auto c = static_cast<unsigned char>(sql[i]);
-      // Empty statements before the first word: SQLite skips them and
-      // prepares what follows ("; COMMIT" is a COMMIT; found in review).
-      if (std::isspace(c) != 0 || (c == ';' && words == 0)) {
-        ++i;
-      } else if (sql.substr(i, 2) == "--") {
-        while (i < sql.size() && sql[i] != '\n') ++i;
-      } else if (sql.substr(i, 2) == "/*") {
-        const auto close = sql.find("*/", i + 2);
-        i = close == std::string_view::npos ? sql.size() : close + 2;
-      } else {
-        if (!out.empty()) out.push_back(' ');
-        while (i < sql.size() && (std::isalpha(static_cast<unsigned char>(sql[i])) != 0)) {
-          out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(sql[i]))));
-          ++i;
-        }
-        ++words;
-        if (i < sql.size() && std::isalpha(static_cast<unsigned char>(sql[i])) == 0 &&
-            std::isspace(static_cast<unsigned char>(sql[i])) == 0) {
-          break;  // '=' or ';' or '(' ends the statement's head
-        }
-      }
-    }
-    return out;
-  }
-
-  static void refuse_transaction_control(std::string_view sql) {
-    const std::string head = first_words(sql);
-    const std::string_view first = std::string_view(head).substr(0, head.find(' '));
-    // Upper-case the whole statement only for the few heads that need it:
-    // this runs on every statement a handler sends.
-    const bool needs_text =
-        first == "SET" || first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK";
-    std::string upper;
-    if (needs_text) {
-      upper.assign(sql);
-      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    }
-    const auto mentions = [&](std::string_view word) {
-      return upper.find(word) != std::string::npos;
-    };
-    // What a SET assigns: the text before its first string literal (a value
-    // that merely contains a word below is not refused).
-    const std::string_view set_targets =
-        std::string_view(upper).substr(0, upper.find_first_of("'\""));
-    const auto sets = [&](std::string_view word) {
-      return set_targets.find(word) != std::string_view::npos;
-    };
-    // A stored procedure may COMMIT inside (found in review): the handler's
-    // writes before it would commit apart from the record, and a retry would
-    // run them again. Its statements belong in the handler itself.
-    if (first == "CALL") {
-      throw storage_error::permanent(
-          "Pre-RPC and Post-RPC may not CALL a stored procedure: it may COMMIT the library's "
-          "transaction apart from the record; run its statements in the handler instead");
-    }
-    const bool refused =
-        // Ends or escapes the transaction.
-        first == "BEGIN" || first == "COMMIT" || first == "END" || first == "START" ||
-        first == "XA" || first == "LOCK" || first == "UNLOCK" ||
-        (first == "ROLLBACK" && head != "ROLLBACK TO") ||
-        // Any form of SET autocommit (SET SESSION autocommit, SET @@autocommit);
-        // SET [SESSION] TRANSACTION and the isolation and read-only
-        // variables, which change what the library's reads see;
-        // completion_type, which makes COMMIT chain or disconnect; all of
-        // them would also stay on the pooled connection for later requests.
-        // SET PASSWORD commits implicitly.
-        (first == "SET" &&
-         (sets("AUTOCOMMIT") || sets("TRANSACTION") || sets("TX_ISOLATION") ||
-          sets("TX_READ_ONLY") || sets("COMPLETION_TYPE") || head == "SET PASSWORD")) ||
-        // DDL commits implicitly on MySQL; schema changes belong to migrations.
-        first == "CREATE" || first == "ALTER" || first == "DROP" || first == "TRUNCATE" ||
-        first == "RENAME" || first == "GRANT" || first == "REVOKE" || first == "FLUSH" ||
-        // So do the table maintenance and server administration statements.
-        first == "ANALYZE" || first == "OPTIMIZE" || first == "REPAIR" || first == "CHECK" ||
-        first == "CACHE" || head == "LOAD INDEX" || first == "INSTALL" || first == "UNINSTALL" ||
-        first == "RESET" || first == "CHANGE" || first == "STOP" ||
-        // MySQL runs /*! ... */ comments as SQL: nothing above could see it.
-        sql.find("/*!") != std::string_view::npos ||
-        // The SQLite backend's own savepoint (group commit).
-        (needs_text && mentions("ORPHEUS_MEMBER"));
-    if (refused) {
-      throw storage_error::permanent(
-          "Pre-RPC and Post-RPC may not begin, end, lock or change the schema outside the "
-          "library's transaction (" +
-          head + ")");
-    }
-  }
-
   backend_tx& t_;
 };
 

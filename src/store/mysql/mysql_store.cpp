@@ -107,6 +107,7 @@ class mysql_tx final : public backend_tx {
   // other errors (truncation, bad values) into warnings too. A duplicate key
   // (1062) is the one error that means "the row exists".
   bool insert_if_absent(std::string_view sql, std::span<const sql_value> p) override {
+    refuse_if_finished();  // before the try: a stale 1062 must not read as "the row exists"
     try {
       return execute_values(sql, p) == 1;
     } catch (const storage_error&) {

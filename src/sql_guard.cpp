@@ -1,0 +1,165 @@
+#include "sql_guard.hpp"
+
+#include <cctype>
+#include <string>
+
+#include "orpheus/error.hpp"
+
+namespace orpheus::detail {
+namespace {
+
+char upper(char c) { return static_cast<char>(std::toupper(static_cast<unsigned char>(c))); }
+bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+bool is_word_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '$';
+}
+
+/// `sql` upper-cased, comments replaced by a space, every string literal
+/// emptied ('' or ""), so that no word inside a literal or a comment is read
+/// as SQL.
+std::string normalize(std::string_view sql) {
+  std::string out;
+  out.reserve(sql.size());
+  std::size_t i = 0;
+  while (i < sql.size()) {
+    const char c = sql[i];
+    if (sql.substr(i, 2) == "--" || c == '#') {
+      while (i < sql.size() && sql[i] != '\n') ++i;
+      out.push_back(' ');
+    } else if (sql.substr(i, 2) == "/*") {
+      const auto close = sql.find("*/", i + 2);
+      i = close == std::string_view::npos ? sql.size() : close + 2;
+      out.push_back(' ');
+    } else if (c == '\'' || c == '"') {
+      ++i;
+      while (i < sql.size()) {
+        if (sql[i] == '\\') {
+          i += 2;
+        } else if (sql[i] == c && i + 1 < sql.size() && sql[i + 1] == c) {
+          i += 2;  // a doubled quote is one quote inside the literal
+        } else if (sql[i] == c) {
+          ++i;
+          break;
+        } else {
+          ++i;
+        }
+      }
+      out.push_back(c);
+      out.push_back(c);
+    } else {
+      out.push_back(upper(c));
+      ++i;
+    }
+  }
+  return out;
+}
+
+/// The next word of `n` from `i` (skipping spaces and, before the first
+/// word, empty statements), and where it ends.
+std::string_view next_word(std::string_view n, std::size_t& i, bool first = false) {
+  while (i < n.size() && (is_space(n[i]) || (first && n[i] == ';'))) ++i;
+  const std::size_t start = i;
+  while (i < n.size() && is_word_char(n[i])) ++i;
+  return n.substr(start, i - start);
+}
+
+[[noreturn]] void refuse(std::string_view head, std::string_view why = {}) {
+  std::string msg =
+      "Pre-RPC and Post-RPC may not begin, end, lock or change the schema outside the "
+      "library's transaction";
+  msg.append(why).append(" (").append(head).append(")");
+  throw storage_error::permanent(std::move(msg));
+}
+
+// First words of statements that end the transaction, lock, commit
+// implicitly (DDL, table maintenance, administration on MariaDB and MySQL)
+// or run SQL the guard cannot see (dynamic SQL).
+constexpr std::string_view refused_first_words[] = {
+    "BEGIN",     "COMMIT",  "END",      "START",    "XA",         "LOCK",     "UNLOCK",
+    "CREATE",    "ALTER",   "DROP",     "TRUNCATE", "RENAME",     "GRANT",    "REVOKE",
+    "FLUSH",     "ANALYZE", "OPTIMIZE", "REPAIR",   "CHECK",      "CACHE",    "INSTALL",
+    "UNINSTALL", "RESET",   "CHANGE",   "STOP",     "BACKUP",     "SHUTDOWN", "RESTART",
+    "IMPORT",    "CLONE",   "PREPARE",  "EXECUTE",  "DEALLOCATE",
+    "USE",  // the session's default database would stay on the pooled connection
+};
+
+/// The assignments of a SET (after the word SET), split at the commas that
+/// are not inside parentheses.
+void check_set_targets(std::string_view n, std::size_t i, std::string_view head) {
+  int depth = 0;
+  std::size_t item = i;
+  for (std::size_t k = i; k <= n.size(); ++k) {
+    const char c = k < n.size() ? n[k] : ',';
+    if (c == '(') ++depth;
+    if (c == ')') --depth;
+    if (c != ',' || depth != 0) continue;
+    std::string_view target = n.substr(item, k - item);
+    while (!target.empty() && is_space(target.front())) target.remove_prefix(1);
+    item = k + 1;
+    // A user variable (@name, not @@name) is the handler's own: allowed.
+    if (target.starts_with('@') && !target.starts_with("@@")) continue;
+    // Anything else is the session's (autocommit, isolation,
+    // completion_type, time_zone, NAMES, ROLE, PASSWORD, TRANSACTION, ...):
+    // it would stay on the pooled connection for later requests, and some
+    // commit or change what the library's statements see.
+    refuse(head,
+           ", nor change a session setting, which stays on the pooled connection "
+           "(user variables, @name, are allowed)");
+  }
+}
+
+void check(std::string_view n) {
+  std::size_t i = 0;
+  const std::string_view first = next_word(n, i, /*first=*/true);
+  std::size_t after_first = i;
+  const std::string_view second = next_word(n, after_first);
+  const std::string head = std::string(first) + (second.empty() ? "" : " ") + std::string(second);
+  if (first == "CALL") {
+    // A stored procedure may COMMIT inside (found in review): the handler's
+    // writes before it would commit apart from the record, and a retry
+    // would run them again.
+    throw storage_error::permanent(
+        "Pre-RPC and Post-RPC may not CALL a stored procedure: it may COMMIT the library's "
+        "transaction apart from the record; run its statements in the handler instead");
+  }
+  for (const std::string_view word : refused_first_words) {
+    if (first == word) refuse(head);
+  }
+  if ((first == "LOAD" && second == "INDEX") || (first == "ROLLBACK" && second != "TO")) {
+    refuse(head);
+  }
+  // The SQLite backend's own savepoint (group commit).
+  if ((first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK") &&
+      n.find("ORPHEUS_MEMBER") != std::string_view::npos) {
+    refuse(head);
+  }
+  if (first != "SET") return;
+  if (second == "STATEMENT") {
+    // SET STATEMENT var = value [, ...] FOR <statement>: the settings last
+    // one statement; the statement is checked as any other.
+    int depth = 0;
+    for (std::size_t k = after_first; k < n.size(); ++k) {
+      if (n[k] == '(') ++depth;
+      if (n[k] == ')') --depth;
+      if (depth == 0 && n.substr(k, 3) == "FOR" && (k == 0 || !is_word_char(n[k - 1])) &&
+          (k + 3 == n.size() || !is_word_char(n[k + 3]))) {
+        check(n.substr(k + 3));
+        return;
+      }
+    }
+    return;  // no FOR: the server refuses it
+  }
+  check_set_targets(n, i, head);
+}
+
+}  // namespace
+
+void refuse_transaction_control(std::string_view sql) {
+  // MySQL and MariaDB run executable comments as SQL: refused whole.
+  for (const std::string_view executable : {"/*!", "/*M!", "/*m!"}) {
+    if (sql.find(executable) != std::string_view::npos) refuse("an executable comment");
+  }
+  check(normalize(sql));
+}
+
+}  // namespace orpheus::detail
