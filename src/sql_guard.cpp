@@ -63,10 +63,15 @@ std::string_view next_word(std::string_view n, std::size_t& i, bool first = fals
   return n.substr(start, i - start);
 }
 
-[[noreturn]] void refuse(std::string_view head, std::string_view why = {}) {
+enum class scope { handler, own_transaction };
+
+[[noreturn]] void refuse(scope where, std::string_view head, std::string_view why = {}) {
   std::string msg =
-      "Pre-RPC and Post-RPC may not begin, end, lock or change the schema outside the "
-      "library's transaction";
+      where == scope::handler
+          ? "Pre-RPC and Post-RPC may not begin, end, lock or change the schema outside the "
+            "library's transaction"
+          : "a transaction of store::begin_on_shard() may not be ended by a statement (use "
+            "commit() or rollback()) nor lock tables";
   msg.append(why).append(" (").append(head).append(")");
   throw storage_error::permanent(std::move(msg));
 }
@@ -85,7 +90,7 @@ constexpr std::string_view refused_first_words[] = {
 
 /// The assignments of a SET (after the word SET), split at the commas that
 /// are not inside parentheses.
-void check_set_targets(std::string_view n, std::size_t i, std::string_view head) {
+void check_set_targets(std::string_view n, std::size_t i, scope where, std::string_view head) {
   int depth = 0;
   std::size_t item = i;
   for (std::size_t k = i; k <= n.size(); ++k) {
@@ -102,19 +107,25 @@ void check_set_targets(std::string_view n, std::size_t i, std::string_view head)
     // completion_type, time_zone, NAMES, ROLE, PASSWORD, TRANSACTION, ...):
     // it would stay on the pooled connection for later requests, and some
     // commit or change what the library's statements see.
-    refuse(head,
+    refuse(where, head,
            ", nor change a session setting, which stays on the pooled connection "
            "(user variables, @name, are allowed)");
   }
 }
 
-void check(std::string_view n) {
+void check(std::string_view n, scope where) {
   std::size_t i = 0;
   const std::string_view first = next_word(n, i, /*first=*/true);
   std::size_t after_first = i;
   const std::string_view second = next_word(n, after_first);
   const std::string head = std::string(first) + (second.empty() ? "" : " ") + std::string(second);
-  if (first == "CALL") {
+  if (where == scope::own_transaction) {
+    if (first == "BEGIN" || first == "COMMIT" || first == "END" || first == "START" ||
+        first == "XA" || first == "LOCK" || first == "UNLOCK" || first == "USE" ||
+        (first == "ROLLBACK" && second != "TO")) {
+      refuse(where, head);
+    }
+  } else if (first == "CALL") {
     // A stored procedure may COMMIT inside (found in review): the handler's
     // writes before it would commit apart from the record, and a retry
     // would run them again.
@@ -122,16 +133,18 @@ void check(std::string_view n) {
         "Pre-RPC and Post-RPC may not CALL a stored procedure: it may COMMIT the library's "
         "transaction apart from the record; run its statements in the handler instead");
   }
-  for (const std::string_view word : refused_first_words) {
-    if (first == word) refuse(head);
-  }
-  if ((first == "LOAD" && second == "INDEX") || (first == "ROLLBACK" && second != "TO")) {
-    refuse(head);
+  if (where == scope::handler) {
+    for (const std::string_view word : refused_first_words) {
+      if (first == word) refuse(where, head);
+    }
+    if ((first == "LOAD" && second == "INDEX") || (first == "ROLLBACK" && second != "TO")) {
+      refuse(where, head);
+    }
   }
   // The SQLite backend's own savepoint (group commit).
   if ((first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK") &&
       n.find("ORPHEUS_MEMBER") != std::string_view::npos) {
-    refuse(head);
+    refuse(where, head);
   }
   if (first != "SET") return;
   if (second == "STATEMENT") {
@@ -143,23 +156,27 @@ void check(std::string_view n) {
       if (n[k] == ')') --depth;
       if (depth == 0 && n.substr(k, 3) == "FOR" && (k == 0 || !is_word_char(n[k - 1])) &&
           (k + 3 == n.size() || !is_word_char(n[k + 3]))) {
-        check(n.substr(k + 3));
+        check(n.substr(k + 3), where);
         return;
       }
     }
     return;  // no FOR: the server refuses it
   }
-  check_set_targets(n, i, head);
+  check_set_targets(n, i, where, head);
+}
+
+void check_statement(std::string_view sql, scope where) {
+  // MySQL and MariaDB run executable comments as SQL: refused whole.
+  for (const std::string_view executable : {"/*!", "/*M!", "/*m!"}) {
+    if (sql.find(executable) != std::string_view::npos) refuse(where, "an executable comment");
+  }
+  check(normalize(sql), where);
 }
 
 }  // namespace
 
-void refuse_transaction_control(std::string_view sql) {
-  // MySQL and MariaDB run executable comments as SQL: refused whole.
-  for (const std::string_view executable : {"/*!", "/*M!", "/*m!"}) {
-    if (sql.find(executable) != std::string_view::npos) refuse("an executable comment");
-  }
-  check(normalize(sql));
-}
+void refuse_transaction_control(std::string_view sql) { check_statement(sql, scope::handler); }
+
+void refuse_session_escape(std::string_view sql) { check_statement(sql, scope::own_transaction); }
 
 }  // namespace orpheus::detail

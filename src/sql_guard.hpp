@@ -23,4 +23,13 @@ namespace orpheus::detail {
 /// refused; returns otherwise.
 void refuse_transaction_control(std::string_view sql);
 
+/// The narrower check for the application's own transactions
+/// (store::begin_on_shard): its DDL, procedures and maintenance are its own
+/// business, but nothing may end the transaction by a statement (on SQLite it
+/// shares the writer's batch with other requests) or leave state on the
+/// pooled connection for later requests: transaction control, LOCK TABLES,
+/// session settings (SET of anything but a user variable), USE, executable
+/// comments.
+void refuse_session_escape(std::string_view sql);
+
 }  // namespace orpheus::detail

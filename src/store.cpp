@@ -9,6 +9,7 @@
 #include "orpheus/detail/record_row.hpp"
 #include "orpheus/detail/records.hpp"
 #include "orpheus/shard_map.hpp"
+#include "sql_guard.hpp"
 
 namespace orpheus {
 namespace {
@@ -49,12 +50,40 @@ std::optional<record> store::inspect(const request_id& id) {
   return detail::record_from_row(rows.front(), true);
 }
 
+namespace {
+
+/// The application's own transaction: the backend's, with statements that
+/// would end it or leave state on the pooled connection refused
+/// (detail::refuse_session_escape(); found in review: SET autocommit = 1
+/// stayed on a MySQL connection for the library's later transactions, and a
+/// COMMIT statement ended the SQLite writer's batch under other requests).
+class own_transaction final : public transaction {
+ public:
+  explicit own_transaction(std::unique_ptr<backend_tx> t) : t_(std::move(t)) {}
+  sql_rows query_values(std::string_view sql, std::span<const sql_value> params) override {
+    detail::refuse_session_escape(sql);
+    return t_->query_values(sql, params);
+  }
+  std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> params) override {
+    detail::refuse_session_escape(sql);
+    return t_->execute_values(sql, params);
+  }
+  [[nodiscard]] std::size_t shard() const override { return t_->shard(); }
+  void commit() override { t_->commit(); }
+  void rollback() noexcept override { t_->rollback(); }
+
+ private:
+  std::unique_ptr<backend_tx> t_;
+};
+
+}  // namespace
+
 std::unique_ptr<transaction> store::begin_on_shard(std::size_t shard) {
   if (shard >= shard_count()) {
     throw storage_error::permanent("store: no shard " + std::to_string(shard) + " (there are " +
                                    std::to_string(shard_count()) + ")");
   }
-  return backend_->begin(shard);
+  return std::make_unique<own_transaction>(backend_->begin(shard));
 }
 
 std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {

@@ -293,7 +293,8 @@ TEST_F(DbFailure, LostConnectionInsideATransactionIsRetryableAndNothingIsRecorde
 
 TEST_F(DbFailure, TooManyConnectionsIsRetryable) {
   {
-    auto t = store_->begin_on_shard(0);
+    // The backend's transaction: the application's own refuses SET GLOBAL.
+    auto t = store_->backend().begin(0);
     t->execute("CREATE USER IF NOT EXISTS 'lim'@'127.0.0.1' IDENTIFIED BY 'p'");
     t->execute("GRANT SELECT, INSERT, UPDATE, DELETE ON d.* TO 'lim'@'127.0.0.1'");
     t->execute("SET GLOBAL max_connections = 12");
@@ -317,7 +318,7 @@ TEST_F(DbFailure, TooManyConnectionsIsRetryable) {
   }
   EXPECT_TRUE(refused) << "the server never refused a connection";
   held.clear();
-  auto t = store_->begin_on_shard(0);
+  auto t = store_->backend().begin(0);
   t->execute("SET GLOBAL max_connections = 300");
   t->commit();
 }

@@ -917,7 +917,7 @@ TEST_F(MysqlStore, AStatementAfterRollbackNeverLeaksIntoTheNextBorrower) {
 // compound statement follows CLIENT_FOUND_ROWS (a matched, unchanged row
 // counts), so a finish that writes what is already there is not lease_lost.
 TEST_F(MysqlStore, RowCountInACompoundStatementCountsMatchedRows) {
-  auto t = store_->begin_on_shard(0);
+  auto t = store_->backend().begin(0);  // the application's own refuses BEGIN
   t->execute("UPDATE mysql_test_locks SET v = 0 WHERE id = 1");
   EXPECT_NO_THROW(t->execute(
       "BEGIN NOT ATOMIC UPDATE mysql_test_locks SET v = 0 WHERE id = ?; IF ROW_COUNT() <> 1 "

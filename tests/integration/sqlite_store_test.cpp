@@ -427,7 +427,7 @@ TEST(SqliteStore, ABatchLostUnderItsMembersFailsEveryOneOfThem) {
   auto a = s->begin_on_shard(0);
   insert_row(*a, "a");
   auto b_done = std::async(std::launch::async, [&] {
-    auto b = s->begin_on_shard(0);
+    auto b = s->backend().begin(0);  // the application's own refuses ROLLBACK
     insert_row(*b, "b");
     b->execute("ROLLBACK");  // what SQLite does on its own after an I/O error
     EXPECT_THROW(b->commit(), storage_error);
@@ -554,8 +554,8 @@ TEST(SqliteStore, ADecisionReadFromALostBatchIsNotAnswered) {
   });
   await_waiting(f.s, 2);  // B saw the expired lease and queues
   auto d = std::async(std::launch::async, [&] {
-    auto t = f.s.begin_on_shard(0);
-    t->execute("ROLLBACK");  // SQLite ends the batch on its own
+    auto t = f.s.backend().begin(0);  // the application's own refuses ROLLBACK
+    t->execute("ROLLBACK");           // SQLite ends the batch on its own
     t->rollback();
   });
   await_waiting(f.s, 3);

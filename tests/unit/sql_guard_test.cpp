@@ -140,6 +140,35 @@ TEST(SqlGuard, LetsTheApplicationsOwnStatementsThrough) {
   }
 }
 
+// The application's own transaction (store::begin_on_shard): its DDL and
+// procedures are its own business; ending it by a statement or leaving state
+// on the pooled connection is not.
+TEST(SqlGuard, AnOwnTransactionMayNotEndItselfOrChangeTheSession) {
+  const auto own_refused = [](const std::string& sql) {
+    try {
+      detail::refuse_session_escape(sql);
+      return false;
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << sql;
+      return true;
+    }
+  };
+  for (const char* sql :
+       {"COMMIT", "; commit", "ROLLBACK", "BEGIN", "START TRANSACTION", "END", "XA START 'x'",
+        "LOCK TABLES t WRITE", "UNLOCK TABLES", "USE other", "SET autocommit = 1",
+        "SET @a = 'x', autocommit = 1", "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        "SET completion_type = 1", "SET time_zone = '+01:00'", "/*!COMMIT*/",
+        "SET STATEMENT sql_mode='' FOR COMMIT", "RELEASE SAVEPOINT orpheus_member"}) {
+    EXPECT_TRUE(own_refused(sql)) << sql;
+  }
+  for (const char* sql :
+       {"CREATE TABLE IF NOT EXISTS payments (id TEXT PRIMARY KEY)", "DROP TABLE t",
+        "ALTER TABLE t ADD b INT", "CALL monthly_report()", "ANALYZE TABLE t", "SELECT 1",
+        "INSERT INTO t VALUES (1)", "SET @a = 1", "SAVEPOINT mine", "ROLLBACK TO SAVEPOINT mine"}) {
+    EXPECT_FALSE(own_refused(sql)) << sql;
+  }
+}
+
 TEST(SqlGuard, TheMessageNamesTheStatementNeverItsValues) {
   try {
     detail::refuse_transaction_control("SET @secret = 'sk_live_123', autocommit = 1");
