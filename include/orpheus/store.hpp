@@ -113,7 +113,10 @@ class store {
   std::optional<record> inspect(const request_id& id);
   /// Opens a transaction on a shard, for the application's own set-up
   /// (tables next to the records). Throws storage_error for a shard that
-  /// does not exist.
+  /// does not exist. End it with commit() or rollback(): statements that
+  /// would end it (COMMIT, ROLLBACK, BEGIN, ...), lock tables, or leave state
+  /// on the pooled connection (SET of anything but a user variable, USE) are
+  /// refused with a permanent storage_error.
   std::unique_ptr<transaction> begin_on_shard(std::size_t shard);
   /// Deletes at most `limit` records of `shard` whose retention deadline has
   /// passed (never one under a live lease, never a parked one), oldest
