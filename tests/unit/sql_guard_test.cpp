@@ -98,6 +98,9 @@ TEST(SqlGuard, RefusesWhatEndsEscapesOrOutlivesTheTransaction) {
            "SET time_zone = '+01:00'",
            "SET `autocommit` = 1",
            "USE other_db",
+           // Under NO_BACKSLASH_ESCAPES the literal ends at the backslash.
+           R"(SET @a = 'x\', autocommit = 1)",
+           R"(SET @a = 'x\'y')",
            // SET STATEMENT ... FOR runs its statement: checked as any other.
            "SET STATEMENT max_statement_time=100 FOR CALL p()",
            "SET STATEMENT max_statement_time=100 FOR COMMIT",
