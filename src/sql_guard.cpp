@@ -23,13 +23,32 @@ std::string normalize(std::string_view sql) {
   std::size_t i = 0;
   while (i < sql.size()) {
     const char c = sql[i];
-    if (sql.substr(i, 2) == "--" || c == '#') {
+    // MySQL reads "--" as a comment only before a space or a control
+    // character ("--1" is minus minus one); reading more as SQL is the safe
+    // side on SQLite, which always takes it for a comment.
+    const bool dash_comment =
+        sql.substr(i, 2) == "--" &&
+        (i + 2 == sql.size() || static_cast<unsigned char>(sql[i + 2]) <= ' ');
+    if (dash_comment || c == '#') {
       while (i < sql.size() && sql[i] != '\n') ++i;
       out.push_back(' ');
     } else if (sql.substr(i, 2) == "/*") {
       const auto close = sql.find("*/", i + 2);
       i = close == std::string_view::npos ? sql.size() : close + 2;
       out.push_back(' ');
+    } else if (c == '`') {
+      // A quoted identifier: whatever it holds is a name, never a comment,
+      // a literal or a parenthesis (found in review: SET @`#` = 1, ...). A
+      // doubled backtick is one backtick inside it.
+      ++i;
+      while (i < sql.size()) {
+        if (sql[i] == '`' && i + 1 < sql.size() && sql[i + 1] == '`') {
+          i += 2;
+          continue;
+        }
+        if (sql[i++] == '`') break;
+      }
+      out.append("``");
     } else if (c == '\'' || c == '"') {
       ++i;
       while (i < sql.size()) {
@@ -84,7 +103,9 @@ constexpr std::string_view refused_first_words[] = {
     "FLUSH",     "ANALYZE", "OPTIMIZE", "REPAIR",   "CHECK",      "CACHE",    "INSTALL",
     "UNINSTALL", "RESET",   "CHANGE",   "STOP",     "BACKUP",     "SHUTDOWN", "RESTART",
     "IMPORT",    "CLONE",   "PREPARE",  "EXECUTE",  "DEALLOCATE",
-    "USE",  // the session's default database would stay on the pooled connection
+    "USE",     // the session's default database would stay on the pooled connection
+    "PRAGMA",  // SQLite: a setting stays on the one writer connection (query_only=1
+               // failed every later write); read with SELECT ... FROM pragma_xxx()
 };
 
 /// The assignments of a SET (after the word SET), split at the commas that
@@ -112,16 +133,20 @@ void check_set_targets(std::string_view n, std::size_t i, scope where, std::stri
   }
 }
 
-void check(std::string_view n, scope where, bool backslash) {
+void check(std::string_view n, scope where, bool backslash, bool names_member) {
   std::size_t i = 0;
   const std::string_view first = next_word(n, i, /*first=*/true);
   std::size_t after_first = i;
   const std::string_view second = next_word(n, after_first);
   const std::string head = std::string(first) + (second.empty() ? "" : " ") + std::string(second);
+  // ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name undoes to a savepoint.
+  std::size_t after_second = after_first;
+  const bool to_savepoint = second == "TO" || ((second == "WORK" || second == "TRANSACTION") &&
+                                               next_word(n, after_second) == "TO");
   if (where == scope::own_transaction) {
     if (first == "BEGIN" || first == "COMMIT" || first == "END" || first == "START" ||
         first == "XA" || first == "LOCK" || first == "UNLOCK" || first == "USE" ||
-        (first == "ROLLBACK" && second != "TO")) {
+        first == "PRAGMA" || (first == "ROLLBACK" && !to_savepoint)) {
       refuse(where, head);
     }
   } else if (first == "CALL") {
@@ -136,13 +161,13 @@ void check(std::string_view n, scope where, bool backslash) {
     for (const std::string_view word : refused_first_words) {
       if (first == word) refuse(where, head);
     }
-    if ((first == "LOAD" && second == "INDEX") || (first == "ROLLBACK" && second != "TO")) {
+    if ((first == "LOAD" && second == "INDEX") || (first == "ROLLBACK" && !to_savepoint)) {
       refuse(where, head);
     }
   }
-  // The SQLite backend's own savepoint (group commit).
-  if ((first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK") &&
-      n.find("ORPHEUS_MEMBER") != std::string_view::npos) {
+  // The SQLite backend's own savepoint (group commit), under any quotes:
+  // the raw text is searched (check_statement()).
+  if ((first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK") && names_member) {
     refuse(where, head);
   }
   if (first != "SET") return;
@@ -159,7 +184,7 @@ void check(std::string_view n, scope where, bool backslash) {
       if (n[k] == ')') --depth;
       if (depth == 0 && n.substr(k, 3) == "FOR" && (k == 0 || !is_word_char(n[k - 1])) &&
           (k + 3 == n.size() || !is_word_char(n[k + 3]))) {
-        check(n.substr(k + 3), where, backslash);
+        check(n.substr(k + 3), where, backslash, names_member);
         return;
       }
     }
@@ -173,7 +198,10 @@ void check_statement(std::string_view sql, scope where) {
   for (const std::string_view executable : {"/*!", "/*M!", "/*m!"}) {
     if (sql.find(executable) != std::string_view::npos) refuse(where, "an executable comment");
   }
-  check(normalize(sql), where, sql.find('\\') != std::string_view::npos);
+  std::string lower(sql);
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  check(normalize(sql), where, sql.find('\\') != std::string_view::npos,
+        lower.find("orpheus_member") != std::string::npos);
 }
 
 }  // namespace

@@ -98,6 +98,19 @@ TEST(SqlGuard, RefusesWhatEndsEscapesOrOutlivesTheTransaction) {
            "SET time_zone = '+01:00'",
            "SET `autocommit` = 1",
            "USE other_db",
+           // Found in review: "--" before a non-space is not a comment on
+           // MySQL, and a quoted identifier may hold anything.
+           "SET @a = 1 --1, autocommit = 1",
+           "SET @`(` = 1, autocommit = 1",
+           "SET @`#` = 1, autocommit = 1",
+           "SET @`'` = 1, autocommit = 1, @`'` = 2",
+           "SET STATEMENT max_statement_time=1 --1 FOR CREATE TABLE z(x int)",
+           "RELEASE 'orpheus_member'",
+           R"(ROLLBACK TO "orpheus_member")",
+           // SQLite settings stay on the writer's connection.
+           "PRAGMA query_only = 1",
+           "pragma recursive_triggers(1)",
+           "PRAGMA table_info(t)",
            // Under NO_BACKSLASH_ESCAPES the literal ends at the backslash.
            R"(SET @a = 'x\', autocommit = 1)",
            R"(SET @a = 'x\'y')",
@@ -129,6 +142,11 @@ TEST(SqlGuard, LetsTheApplicationsOwnStatementsThrough) {
            "ROLLBACK TO SAVEPOINT mine",
            "ROLLBACK TO mine",
            "RELEASE SAVEPOINT mine",
+           "ROLLBACK WORK TO SAVEPOINT mine",
+           "ROLLBACK TRANSACTION TO mine",
+           "SELECT * FROM pragma_table_info('t')",
+           "SELECT a --1\nFROM t",
+           "UPDATE `t` SET `transaction` = 1",
            // User variables are the handler's own (found in review: a name or
            // a value that only mentions a setting was refused).
            "SET @a = 1",
@@ -156,12 +174,26 @@ TEST(SqlGuard, AnOwnTransactionMayNotEndItselfOrChangeTheSession) {
       return true;
     }
   };
-  for (const char* sql :
-       {"COMMIT", "; commit", "ROLLBACK", "BEGIN", "START TRANSACTION", "END", "XA START 'x'",
-        "LOCK TABLES t WRITE", "UNLOCK TABLES", "USE other", "SET autocommit = 1",
-        "SET @a = 'x', autocommit = 1", "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE",
-        "SET completion_type = 1", "SET time_zone = '+01:00'", "/*!COMMIT*/",
-        "SET STATEMENT sql_mode='' FOR COMMIT", "RELEASE SAVEPOINT orpheus_member"}) {
+  for (const char* sql : {"COMMIT",
+                          "; commit",
+                          "ROLLBACK",
+                          "BEGIN",
+                          "START TRANSACTION",
+                          "END",
+                          "XA START 'x'",
+                          "LOCK TABLES t WRITE",
+                          "UNLOCK TABLES",
+                          "USE other",
+                          "SET autocommit = 1",
+                          "SET @a = 'x', autocommit = 1",
+                          "SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                          "SET completion_type = 1",
+                          "SET time_zone = '+01:00'",
+                          "/*!COMMIT*/",
+                          "SET STATEMENT sql_mode='' FOR COMMIT",
+                          "RELEASE SAVEPOINT orpheus_member",
+                          "PRAGMA query_only = 1",
+                          "SET @`#` = 1, autocommit = 1"}) {
     EXPECT_TRUE(own_refused(sql)) << sql;
   }
   for (const char* sql :
