@@ -167,6 +167,19 @@ void insert_as_job(sqlite_store& s, const std::string& id,
   });
 }
 
+// Runs `f` on another thread; its future holds the storage_error it threw,
+// or nothing.
+std::future<std::optional<storage_error>> failure_of(std::function<void()> f) {
+  return std::async(std::launch::async, [f = std::move(f)]() -> std::optional<storage_error> {
+    try {
+      f();
+    } catch (const storage_error& e) {
+      return e;
+    }
+    return std::nullopt;
+  });
+}
+
 // Issue 8 (jobs): jobs queued together share the writer's batch; one that
 // throws is undone alone and its caller gets what it threw; the others'
 // rows commit.
@@ -696,23 +709,11 @@ TEST(SqliteStore, ADeferredForeignKeyViolationOfOneJobIsItsOwnFailure) {
     t->commit();
   }
   auto hold = s->begin_on_shard(0);  // the jobs queue and share one batch
-  auto innocent = std::async(std::launch::async, [&]() -> std::optional<storage_error> {
-    try {
-      insert_as_job(*s, "innocent");
-    } catch (const storage_error& e) {
-      return e;
-    }
-    return std::nullopt;
-  });
+  auto innocent = failure_of([&] { insert_as_job(*s, "innocent"); });
   await_waiting(*s, 1);
-  auto bad = std::async(std::launch::async, [&]() -> std::optional<storage_error> {
-    try {
-      s->backend().transact(
-          0, [](backend_tx& t) { t.execute("INSERT INTO child (id, pid) VALUES (1, 42)"); });
-    } catch (const storage_error& e) {
-      return e;
-    }
-    return std::nullopt;
+  auto bad = failure_of([&] {
+    s->backend().transact(
+        0, [](backend_tx& t) { t.execute("INSERT INTO child (id, pid) VALUES (1, 42)"); });
   });
   await_waiting(*s, 2);
   hold->rollback();
@@ -735,14 +736,7 @@ TEST(SqliteStore, AHandlerCommitBehindASemicolonIsRefused) {
   auto s = store_with_table();
   manager m(*s);
   auto hold = s->begin_on_shard(0);
-  auto innocent = std::async(std::launch::async, [&]() -> std::optional<storage_error> {
-    try {
-      insert_as_job(*s, "innocent");
-    } catch (const storage_error& e) {
-      return e;
-    }
-    return std::nullopt;
-  });
+  auto innocent = failure_of([&] { insert_as_job(*s, "innocent"); });
   await_waiting(*s, 1);
   const request_id rid{"scope", "semicolon", fingerprint_of("x")};
   auto req = std::async(std::launch::async, [&]() -> std::string {
@@ -781,14 +775,7 @@ TEST(SqliteStore, AHandlerCommitBehindASemicolonIsRefused) {
 TEST(SqliteStore, AForeignCommitOfTheBatchIsInDoubtForItsMembersNeverNothingCommitted) {
   auto s = store_with_table();
   auto hold = s->begin_on_shard(0);  // the jobs queue and share one batch
-  auto innocent = std::async(std::launch::async, [&]() -> std::optional<storage_error> {
-    try {
-      insert_as_job(*s, "innocent-2");
-    } catch (const storage_error& e) {
-      return e;
-    }
-    return std::nullopt;
-  });
+  auto innocent = failure_of([&] { insert_as_job(*s, "innocent-2"); });
   await_waiting(*s, 1);
   auto committer = std::async(std::launch::async, [&] {
     try {
