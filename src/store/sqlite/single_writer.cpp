@@ -34,10 +34,13 @@ single_writer::single_writer(const sqlite_options& o)
     : busy_timeout_(o.busy_timeout),
       max_batch_(o.max_batch),
       max_batch_age_(o.max_batch_age),
-      conn_(std::make_unique<connection>(o)),
-      writer_([this] { writer_loop(); }) {
-  sqlite3_commit_hook(conn_->db(), &single_writer::on_commit, this);
-}
+      conn_([&] {
+        // The hook is in place before the writer thread starts.
+        auto c = std::make_unique<connection>(o);
+        sqlite3_commit_hook(c->db(), &single_writer::on_commit, this);
+        return c;
+      }()),
+      writer_([this] { writer_loop(); }) {}
 
 int single_writer::on_commit(void* self) {
   auto* w = static_cast<single_writer*>(self);
