@@ -1,5 +1,6 @@
 #include "sql_guard.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <string>
 
@@ -72,6 +73,15 @@ std::string normalize(std::string_view sql) {
   return out;
 }
 
+/// `raw` names the SQLite writer's savepoint, in any case and under any
+/// quotes. Searched only for savepoint statements, without a copy.
+bool names_writer_savepoint(std::string_view raw) {
+  constexpr std::string_view name = "orpheus_member";
+  return std::search(raw.begin(), raw.end(), name.begin(), name.end(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == b;
+         }) != raw.end();
+}
+
 /// The next word of `n` from `i` (skipping spaces and, before the first
 /// word, empty statements), and where it ends.
 std::string_view next_word(std::string_view n, std::size_t& i, bool first = false) {
@@ -133,7 +143,7 @@ void check_set_targets(std::string_view n, std::size_t i, scope where, std::stri
   }
 }
 
-void check(std::string_view n, scope where, bool backslash, bool names_member) {
+void check(std::string_view n, scope where, bool backslash, std::string_view raw) {
   std::size_t i = 0;
   const std::string_view first = next_word(n, i, /*first=*/true);
   std::size_t after_first = i;
@@ -167,7 +177,8 @@ void check(std::string_view n, scope where, bool backslash, bool names_member) {
   }
   // The SQLite backend's own savepoint (group commit), under any quotes:
   // the raw text is searched (check_statement()).
-  if ((first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK") && names_member) {
+  if ((first == "SAVEPOINT" || first == "RELEASE" || first == "ROLLBACK") &&
+      names_writer_savepoint(raw)) {
     refuse(where, head);
   }
   if (first != "SET") return;
@@ -184,7 +195,7 @@ void check(std::string_view n, scope where, bool backslash, bool names_member) {
       if (n[k] == ')') --depth;
       if (depth == 0 && n.substr(k, 3) == "FOR" && (k == 0 || !is_word_char(n[k - 1])) &&
           (k + 3 == n.size() || !is_word_char(n[k + 3]))) {
-        check(n.substr(k + 3), where, backslash, names_member);
+        check(n.substr(k + 3), where, backslash, raw);
         return;
       }
     }
@@ -198,10 +209,7 @@ void check_statement(std::string_view sql, scope where) {
   for (const std::string_view executable : {"/*!", "/*M!", "/*m!"}) {
     if (sql.find(executable) != std::string_view::npos) refuse(where, "an executable comment");
   }
-  std::string lower(sql);
-  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  check(normalize(sql), where, sql.find('\\') != std::string_view::npos,
-        lower.find("orpheus_member") != std::string::npos);
+  check(normalize(sql), where, sql.find('\\') != std::string_view::npos, sql);
 }
 
 }  // namespace

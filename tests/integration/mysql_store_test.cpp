@@ -864,53 +864,38 @@ TEST_F(MysqlStore, LostConnectionDuringTheCommitThatRecordsTheResultIsInDoubt) {
 namespace orpheus {
 namespace {
 
-// A statement after commit() ran in a new, never-ended transaction; the
-// destructor skipped ROLLBACK, so the pooled connection went back with it
-// open, and the next borrower's COMMIT committed it. Now it is refused, as on
-// SQLite.
-TEST_F(MysqlStore, AStatementAfterCommitNeverLeaksIntoTheNextBorrower) {
-  auto o = options_for_test();
-  o.max_connections_per_shard = 1;
-  mysql_store s(o);
-  const std::string leaked = scope_ + "/leaked";
-  {
-    auto t = s.begin_on_shard(0);
-    t->commit();
-    try {
-      t->execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'after commit')", leaked);
-      ADD_FAILURE() << "a statement ran after commit() (SQLite refuses it)";
-    } catch (const storage_error& e) {
-      EXPECT_FALSE(e.retryable()) << e.what();
+// A statement after commit() or rollback() ran in a new, never-ended
+// transaction; the destructor skipped ROLLBACK, so the pooled connection went
+// back with it open, and the next borrower's COMMIT committed it. Now it is
+// refused, as on SQLite.
+TEST_F(MysqlStore, AStatementAfterTheEndNeverLeaksIntoTheNextBorrower) {
+  for (const bool by_commit : {true, false}) {
+    SCOPED_TRACE(by_commit ? "after commit()" : "after rollback()");
+    auto o = options_for_test();
+    o.max_connections_per_shard = 1;
+    mysql_store s(o);
+    const std::string leaked = scope_ + (by_commit ? "/leaked" : "/leaked-rb");
+    {
+      auto t = s.begin_on_shard(0);
+      if (by_commit) {
+        t->commit();
+      } else {
+        t->rollback();
+      }
+      try {
+        t->execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'after the end')", leaked);
+        ADD_FAILURE() << "a statement ran after the transaction ended (SQLite refuses it)";
+      } catch (const storage_error& e) {
+        EXPECT_FALSE(e.retryable()) << e.what();  // a programming error, not a passing one
+      }
     }
-  }
-  {
-    auto t = s.begin_on_shard(0);  // the same connection: a pool of one
-    t->query("SELECT 1");
-    t->commit();  // another transaction's COMMIT
-  }
-  EXPECT_FALSE(handler_row_exists(leaked)) << "committed by the next borrower's COMMIT";
-}
-
-TEST_F(MysqlStore, AStatementAfterRollbackNeverLeaksIntoTheNextBorrower) {
-  auto o = options_for_test();
-  o.max_connections_per_shard = 1;
-  mysql_store s(o);
-  const std::string leaked = scope_ + "/leaked-rb";
-  {
-    auto t = s.begin_on_shard(0);
-    t->rollback();
-    try {
-      t->execute("INSERT INTO mysql_test_rows (k, note) VALUES (?, 'after rollback')", leaked);
-      ADD_FAILURE() << "a statement ran after rollback()";
-    } catch (const storage_error& e) {
-      EXPECT_FALSE(e.retryable()) << e.what();  // a programming error, not a passing one
+    {
+      auto t = s.begin_on_shard(0);  // the same connection: a pool of one
+      t->query("SELECT 1");
+      t->commit();  // another transaction's COMMIT
     }
+    EXPECT_FALSE(handler_row_exists(leaked)) << "committed by the next borrower's COMMIT";
   }
-  {
-    auto t = s.begin_on_shard(0);
-    t->commit();
-  }
-  EXPECT_FALSE(handler_row_exists(leaked)) << "committed by the next borrower's COMMIT";
 }
 
 // The fence of the compound statement relies on this: ROW_COUNT() in a
