@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <barrier>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -321,6 +323,77 @@ TEST_F(DbFailure, TooManyConnectionsIsRetryable) {
   auto t = store_->backend().begin(0);
   t->execute("SET GLOBAL max_connections = 300");
   t->commit();
+}
+
+// Found in review: a server that stops answering but keeps its connections
+// open (SIGSTOP here; a frozen VM or a cut cable alike) made one borrow ping
+// every idle connection to it in turn, read_timeout each, restarting
+// pool_wait after each: with 8 idle connections and a 2 s read timeout, one
+// transaction waited about 17 s instead of failing within one ping and one
+// connect. The bound asserted is the configuration's, not a speed.
+TEST_F(DbFailure, AFrozenServerCostsABorrowOnePingNotOnePerIdleConnection) {
+  mysql_options o;
+  o.shards.push_back(mysql_shard{"127.0.0.1", port_, "u", "p", "d"});
+  o.connect_timeout = std::chrono::seconds(1);
+  o.read_timeout = std::chrono::seconds(2);
+  o.lock_wait_timeout = std::chrono::seconds(1);
+  o.ping_after_idle = std::chrono::seconds(1);
+  o.pool_wait = std::chrono::milliseconds(1000);
+  mysql_store s(o);
+  constexpr int idle = 8;
+  {
+    std::vector<std::unique_ptr<transaction>> held;  // all at once: 8 connections
+    for (int i = 0; i < idle; ++i) {
+      held.push_back(s.begin_on_shard(0));
+      held.back()->query("SELECT 1");
+    }
+    for (auto& t : held) t->commit();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // all idle past ping_after_idle
+
+  pid_t server = 0;
+  {
+    std::ifstream pid_file(dir_ / "mariadb.pid");
+    pid_file >> server;
+  }
+  ASSERT_GT(server, 0);
+  ASSERT_EQ(::kill(server, SIGSTOP), 0);
+  struct thaw {
+    pid_t pid;
+    ~thaw() { ::kill(pid, SIGCONT); }
+  } thawed{server};
+
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto t = s.begin_on_shard(0);
+    t->query("SELECT 1");
+    ADD_FAILURE() << "a frozen server answered";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  // One ping (read_timeout), one connect (its handshake: connect_timeout or
+  // read_timeout, whichever the driver applies), pool_wait, and slack for a
+  // loaded machine; one ping per idle connection is 8 read timeouts.
+  const auto bound = o.read_timeout + 2 * o.read_timeout + o.pool_wait + std::chrono::seconds(3);
+  EXPECT_LT(took, bound) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                         << " ms";
+
+  ::kill(server, SIGCONT);
+  // Thawed: the same store serves again, on new connections.
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    try {
+      auto t = s.begin_on_shard(0);
+      EXPECT_EQ(t->query("SELECT 1").size(), 1U);
+      t->commit();
+      served = true;
+    } catch (const storage_error& e) {
+      ASSERT_TRUE(e.retryable()) << e.what();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  EXPECT_TRUE(served);
 }
 
 TEST_F(DbFailure, LostConnectionDuringCommitIsInDoubtAndTheRetryResolvesIt) {

@@ -1,13 +1,17 @@
 #include "pool.hpp"
 
 #include <optional>
+#include <vector>
 
 namespace orpheus::mysql_detail {
 
 std::unique_ptr<connection> pool::borrow() {
+  // One deadline for the whole wait: each dead idle connection dropped below
+  // used to start pool_wait again.
+  const auto deadline = steady::now() + options_.pool_wait;
   std::unique_lock lock(mutex_);
   for (;;) {
-    const bool ready = available_.wait_for(lock, options_.pool_wait, [&] {
+    const bool ready = available_.wait_until(lock, deadline, [&] {
       return !idle_.empty() || open_ < options_.max_connections_per_shard;
     });
     if (!ready) {
@@ -41,9 +45,32 @@ std::unique_ptr<connection> pool::borrow() {
       c->set_generation(gen);
       return c;
     }
+    // Dead. Found in review: a node that stopped answering (a frozen or
+    // cut-off host keeps its TCP connections open) made this loop ping
+    // every idle connection to it, read_timeout each: one borrow took
+    // minutes. One failed ping is enough: every idle connection to that
+    // node is dropped, and the caller gets a new connection instead, or the
+    // connect's error within connect_timeout per node. A healthy connection
+    // dropped with them costs a reconnect.
+    const std::size_t dead_node = c->node();
     c.reset();
     lock.lock();
-    --open_;  // dead: drop it and look again
+    --open_;
+    ++generation_;
+    std::vector<std::unique_ptr<connection>> doomed;
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      if ((*it)->node() == dead_node) {
+        doomed.push_back(std::move(*it));
+        it = idle_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    open_ -= doomed.size();
+    available_.notify_all();  // room for new connections
+    lock.unlock();
+    doomed.clear();  // closed without the lock
+    lock.lock();
   }
   ++open_;
   const std::uint64_t gen = generation_.load();

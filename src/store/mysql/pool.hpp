@@ -39,7 +39,9 @@ class pool {
 
   /// Lends a connection: an idle one (pinged first when suspect, dropped
   /// when the server has closed it for idleness) or a new one. Waits at most
-  /// pool_wait, then throws a retryable storage_error.
+  /// pool_wait for a free one, then throws a retryable storage_error; on top
+  /// of that at most one ping (read_timeout) and one connect per node
+  /// (connect_timeout).
   std::unique_ptr<connection> borrow();
   /// Returns a connection; a broken one is closed, and every idle connection
   /// opened before it is pinged before its next use. `link_lost`: its link
