@@ -284,10 +284,9 @@ class mysql_backend final : public store_backend {
     validate(options_);
     mysql_detail::driver();
     for (const auto& s : options_.shards) {
-      auto& epoch = epochs_.emplace_back(0);
-      auto& node = nodes_in_use_.emplace_back(0);
-      tx_pools_.push_back(std::make_unique<pool>(s, options_, false, epoch, node));
-      read_pools_.push_back(std::make_unique<pool>(s, options_, true, epoch, node));
+      auto& health = health_.emplace_back();
+      tx_pools_.push_back(std::make_unique<pool>(s, options_, false, health));
+      read_pools_.push_back(std::make_unique<pool>(s, options_, true, health));
     }
   }
 
@@ -351,9 +350,7 @@ class mysql_backend final : public store_backend {
   mysql_options options_;
   sql_dialect dialect_ = mysql_dialect();
   // One per shard, shared by its two pools; a deque: stable addresses.
-  std::deque<std::atomic<std::uint64_t>> epochs_;
-  /// Per shard, shared by its two pools: the node new connections try first.
-  std::deque<std::atomic<std::size_t>> nodes_in_use_;
+  std::deque<mysql_detail::shard_health> health_;
   // Per shard: transactions (autocommit off) and fast-path reads (autocommit
   // on, so a read leaves no transaction open behind it).
   std::vector<std::unique_ptr<pool>> tx_pools_;

@@ -24,7 +24,11 @@ std::unique_ptr<connection> pool::borrow() {
     const auto idle_for = steady::now() - c->last_used();
     // A connection to a node no longer in use (found in review): a host that
     // died silently would make its ping wait read_timeout, one after another.
-    if (idle_for >= discard_after_ || c->node() != node_in_use_.load()) {
+    // And one older than a failed ping (found in review: given back after
+    // the sweep below, or idle in the shard's other pool, it would cost a
+    // read_timeout of its own).
+    if (idle_for >= discard_after_ || c->node() != node_in_use_.load() ||
+        c->generation() < dead_since_.load()) {
       --open_;  // closed by the server, or about to be: drop it and look again
       lock.unlock();
       c.reset();
@@ -38,7 +42,7 @@ std::unique_ptr<connection> pool::borrow() {
     bool ok = false;
     try {
       ok = c->raw().isValid();
-    } catch (const sql::SQLException&) {
+    } catch (...) {  // whatever it was, the connection is not lent; its slot is freed below
       ok = false;
     }
     if (ok) {
@@ -50,14 +54,21 @@ std::unique_ptr<connection> pool::borrow() {
     // every idle connection to it, read_timeout each: one borrow took
     // minutes. One failed ping is enough: every idle connection to that
     // node is dropped, and the caller gets a new connection instead, or the
-    // connect's error within connect_timeout per node. A healthy connection
-    // dropped with them costs a reconnect.
+    // connect's error. A healthy connection dropped with them costs a
+    // reconnect. As for a lost link, new connections try the next node
+    // first (Galera; a single server stays node 0).
     const std::size_t dead_node = c->node();
     c.reset();
+    std::size_t in_use = dead_node;
+    node_in_use_.compare_exchange_strong(in_use, (dead_node + 1) % (1 + shard_.failover.size()));
     lock.lock();
     --open_;
-    ++generation_;
+    const std::uint64_t now_dead = ++generation_;
+    for (std::uint64_t was = dead_since_.load();
+         was < now_dead && !dead_since_.compare_exchange_weak(was, now_dead);) {
+    }
     std::vector<std::unique_ptr<connection>> doomed;
+    doomed.reserve(idle_.size());  // no allocation once connections are moved
     for (auto it = idle_.begin(); it != idle_.end();) {
       if ((*it)->node() == dead_node) {
         doomed.push_back(std::move(*it));

@@ -16,19 +16,31 @@
 
 namespace orpheus::mysql_detail {
 
+/// What the two pools of one shard (transactions, fast-path reads) know of
+/// its nodes together.
+struct shard_health {
+  /// Bumped by every broken connection or failed ping: each idle connection
+  /// opened or pinged before is suspect (pinged before it is lent).
+  std::atomic<std::uint64_t> epoch{0};
+  /// The index (0 is shard.host, then shard.failover) of the node new
+  /// connections try first.
+  std::atomic<std::size_t> node_in_use{0};
+  /// The epoch at which a ping last failed: connections opened or pinged
+  /// before it are dropped unpinged. A node that stopped answering costs a
+  /// caller one ping (read_timeout), not one per idle connection.
+  std::atomic<std::uint64_t> dead_since{0};
+};
+
 class pool {
  public:
-  /// `epoch` is shared by the pools of one shard: a broken connection in
-  /// either makes every idle connection of the shard suspect (pinged first).
-  /// `node_in_use` too: the index (0 is shard.host, then shard.failover)
-  /// of the node new connections try first.
-  pool(mysql_shard shard, const mysql_options& o, bool autocommit,
-       std::atomic<std::uint64_t>& epoch, std::atomic<std::size_t>& node_in_use)
+  /// `health` is shared by the two pools of one shard (see shard_health).
+  pool(mysql_shard shard, const mysql_options& o, bool autocommit, shard_health& health)
       : shard_(std::move(shard)),
         options_(o),
         autocommit_(autocommit),
-        generation_(epoch),
-        node_in_use_(node_in_use),
+        generation_(health.epoch),
+        node_in_use_(health.node_in_use),
+        dead_since_(health.dead_since),
         // The server closes a session idle for session_idle_timeout (its
         // wait_timeout). The client's idle clock starts a little after the
         // server's, so a connection idle for most of the timeout is dropped
@@ -41,7 +53,8 @@ class pool {
   /// when the server has closed it for idleness) or a new one. Waits at most
   /// pool_wait for a free one, then throws a retryable storage_error; on top
   /// of that at most one ping (read_timeout) and one connect per node
-  /// (connect_timeout).
+  /// (connect_timeout for the server's greeting, read_timeout for each
+  /// round trip of the login and session set-up after it).
   std::unique_ptr<connection> borrow();
   /// Returns a connection; a broken one is closed, and every idle connection
   /// opened before it is pinged before its next use. `link_lost`: its link
@@ -68,6 +81,7 @@ class pool {
   std::size_t open_ = 0;
   std::atomic<std::uint64_t>& generation_;
   std::atomic<std::size_t>& node_in_use_;
+  std::atomic<std::uint64_t>& dead_since_;
   steady::duration discard_after_;
   steady::duration ping_after_;
 };
