@@ -15,6 +15,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,9 @@ enum class act {
   answer_after_a_while,     // 200 after a short pause, so that calls overlap
   stop_listening_and_close_without_answer,  // as close_without_answer, and
                                             // connecting is refused from then on
+  interim_then_answer,  // 100 Continue and 103 Early Hints at once, the 200 a little later
+  interim_then_close,   // 102 Processing, then close without the final answer
+  switching_protocols,  // 101, and keep reading (the client must close)
 };
 
 class scripted_server {
@@ -153,6 +157,24 @@ class scripted_server {
           open = false;
           continue;
         }
+        case act::interim_then_answer:
+          net::write(
+              s,
+              net::buffer(std::string_view(
+                  "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")),
+              ec);
+          std::this_thread::sleep_for(100ms);  // the final answer is not there yet
+          break;
+        case act::interim_then_close:
+          net::write(s, net::buffer(std::string_view("HTTP/1.1 102 Processing\r\n\r\n")), ec);
+          std::this_thread::sleep_for(50ms);
+          open = false;
+          continue;
+        case act::switching_protocols:
+          res.result(http::status::switching_protocols);
+          res.set(http::field::upgrade, "x");
+          res.set(http::field::connection, "Upgrade");
+          break;
         case act::answer:
           break;
       }
@@ -311,6 +333,57 @@ TEST(HttpClient, ARequestReadAndNotAnsweredOnAReusedConnectionIsNeverResent) {
   EXPECT_EQ(s.accepted(), 1);
   // The caller's own retry (same key) goes out on a new connection.
   EXPECT_EQ(c.send(s.endpoint(), charge(), guard).body(), "3");
+  EXPECT_EQ(s.accepted(), 2);
+}
+
+// Found in review: an interim 1xx answer was returned as the call's answer
+// and the connection pooled with the final answer still coming, which the
+// next call then read as its own (a charge told "declined" while the bank
+// charged it). Both paths: send() on the caller's thread (a reused
+// connection) and the io thread (a new connection, and async_send).
+TEST(HttpClient, InterimAnswersAreReadPastAndTheNextCallGetsItsOwnAnswer) {
+  scripted_server s([](int n) { return n % 2 == 1 ? act::interim_then_answer : act::answer; });
+  http_client c;
+  for (int i = 1; i <= 4; ++i) {  // 1 on a new connection, 3 on the reused one
+    const auto res = c.send(s.endpoint(), charge(), guard);
+    EXPECT_EQ(res.result_int(), 200U) << "call " << i;
+    EXPECT_EQ(res.body(), std::to_string(i)) << "call " << i << " got another call's answer";
+  }
+  for (int i = 5; i <= 6; ++i) {
+    std::promise<http_result> done;
+    c.async_send(s.endpoint(), charge(), guard,
+                 [&](http_result r) { done.set_value(std::move(r)); });
+    const auto r = done.get_future().get();
+    ASSERT_TRUE(r.response.has_value()) << "call " << i;
+    EXPECT_EQ(r.response->result_int(), 200U) << "call " << i;
+    EXPECT_EQ(r.response->body(), std::to_string(i)) << "call " << i;
+  }
+  EXPECT_EQ(s.accepted(), 1);
+  EXPECT_EQ(s.requests(), 6);
+}
+
+// An interim answer says the server has the request: lost after it, even an
+// idempotent request on a reused connection is in doubt, never re-sent.
+TEST(HttpClient, ARequestLostAfterAnInterimAnswerIsNeverResent) {
+  scripted_server s([](int n) { return n == 2 ? act::interim_then_close : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard, delivery::idempotent).body(), "1");
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), get(), guard, delivery::idempotent); }),
+            transport_error::kind::closed);
+  ASSERT_TRUE(s.wait_closed(1));
+  EXPECT_EQ(s.requests(), 2);
+  EXPECT_EQ(s.accepted(), 1);
+}
+
+// 101 is final here (nothing asks to upgrade) and its connection is not
+// lent again.
+TEST(HttpClient, ASwitchingProtocolsAnswerIsFinalAndItsConnectionNotReused) {
+  scripted_server s([](int n) { return n == 1 ? act::switching_protocols : act::answer; });
+  http_client c;
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard).result_int(), 101U);
+  const auto next = c.send(s.endpoint(), get(), guard);
+  EXPECT_EQ(next.result_int(), 200U);
+  EXPECT_EQ(next.body(), "2");
   EXPECT_EQ(s.accepted(), 2);
 }
 

@@ -26,6 +26,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -262,7 +263,21 @@ bool resend_after_read(const http::response_parser<http::string_body>& parser, c
 // it: not HTTP/1.0 or Connection: close, not delimited by EOF, nothing
 // unread behind it.
 bool reusable(const http_response& res, const http_request& req, const connection& c) {
-  return !res.need_eof() && req.keep_alive() && c.buffer.size() == 0;
+  // A 101 (the only 1xx a call returns, see interim()) switched the
+  // connection to another protocol: never lent again.
+  return res.result_int() >= 200 && !res.need_eof() && req.keep_alive() && c.buffer.size() == 0;
+}
+
+// Found in review: an interim answer (100 Continue, 102 Processing, 103
+// Early Hints) was returned as THE answer, and the connection went back to
+// the pool with the final answer still on its way, for the next call to read
+// as its own: a charge told "declined" while the bank charged it. A client
+// reads past any number of them to the final answer (RFC 9110 section 15.2),
+// within the call's one deadline. 101 Switching Protocols is final here
+// (nothing asks for an upgrade) and closes the connection.
+bool interim(const http::response_parser<http::string_body>& parser) {
+  const unsigned status = parser.get().result_int();
+  return status >= 100 && status < 200 && status != 101;
 }
 
 // How a call that send() could not finish on its own thread goes on through
@@ -392,12 +407,19 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
       // 4. The answer. Once the whole request is written the server may have
       //    acted on it, so a connection lost now is in doubt: re-sent only
       //    as resend_after_read() says, and only from a reused connection.
-      http::response_parser<http::string_body> parser;
-      if (req.method() == http::verb::head) parser.skip(true);
-      co_await http::async_read(c->stream, c->buffer, parser,
-                                net::redirect_error(net::use_awaitable, ec));
+      std::optional<http::response_parser<http::string_body>> parser;
+      bool got_interim = false;
+      for (;;) {
+        parser.emplace();
+        if (req.method() == http::verb::head) parser->skip(true);
+        co_await http::async_read(c->stream, c->buffer, *parser,
+                                  net::redirect_error(net::use_awaitable, ec));
+        if (ec || !interim(*parser)) break;
+        got_interim = true;  // the server has the request: never re-sent
+      }
       if (ec) {
-        const bool again = reused && !stopping && resend_after_read(parser, *c, d, ec);
+        const bool again =
+            reused && !stopping && !got_interim && resend_after_read(*parser, *c, d, ec);
         close(*c);
         c.reset();
         if (again) {
@@ -406,7 +428,7 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
         }
         throw failure(where, stage::read, ec);
       }
-      auto res = parser.release();
+      auto res = parser->release();
 
       // 5. Back to the pool, or closed.
       if (!reusable(res, req, *c) || stopping) {
@@ -716,18 +738,24 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
     then = fallback::new_only;
     return std::nullopt;
   }
-  // 4. The answer, as in call().
-  http::response_parser<http::string_body> parser;
-  if (req.method() == http::verb::head) parser.skip(true);
-  http::read(io, conn.buffer, parser, ec);
+  // 4. The answer, as in call(): past any interim ones.
+  std::optional<http::response_parser<http::string_body>> parser;
+  bool got_interim = false;
+  for (;;) {
+    parser.emplace();
+    if (req.method() == http::verb::head) parser->skip(true);
+    http::read(io, conn.buffer, *parser, ec);
+    if (ec || !interim(*parser)) break;
+    got_interim = true;
+  }
   if (ec) {
-    if (!stopping && resend_after_read(parser, conn, d, ec)) {
+    if (!stopping && !got_interim && resend_after_read(*parser, conn, d, ec)) {
       then = fallback::sent_before;
       return std::nullopt;
     }
     throw failure(where, stage::read, ec);
   }
-  auto res = parser.release();
+  auto res = parser->release();
   // 5. As in call() (the guard closes it when the client is stopping).
   in_use.keep = reusable(res, req, conn);
   return res;
