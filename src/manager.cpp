@@ -289,10 +289,18 @@ void alert_parked(const store& s, const config& c, const parked_event& event) no
 void park_and_alert(const store& s, std::unique_ptr<detail::record_tx>& t, const request_id& id,
                     const record& r, std::string_view reason, const config& c,
                     std::string_view runner) {
+  // An attempt that never finished (it crashed, stalled, or was held in
+  // doubt) left no last_error: say so, for the person who decides (found in
+  // review: the reason ended "last error: " and nothing).
+  const std::string last_error =
+      !r.last_error.empty() || r.state != record_state::in_progress
+          ? r.last_error
+          : "the last attempt did not finish (it crashed, stalled, or its downstream call's "
+            "outcome is unknown); ask the downstream service before resolving";
   const std::string why = std::string(reason) + " after " + std::to_string(r.attempts) +
-                          " attempts; last error: " + r.last_error;
+                          " attempts; last error: " + last_error;
   t->park(id, why, runner);
-  parked_event event{id.scope, id.key, r.attempts, std::string(reason), r.last_error, false};
+  parked_event event{id.scope, id.key, r.attempts, std::string(reason), last_error, false};
   try {
     t->commit();
   } catch (const storage_error& e) {
@@ -628,6 +636,19 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           t->commit();
           throw_mismatch();
         }
+        // Nor by an older version of the handler (found in review: during a
+        // rolling deploy or after a rollback, a client's retry reaching an
+        // older server ran the older RPC on the newer request's stored
+        // Pre-RPC result, another charge under the same downstream key).
+        // Left as it is for a server that has the version, as the completer
+        // leaves it: retryable, nothing asked downstream, nothing written.
+        if (!locked->handler.empty() && locked->handler_version > ctx.handler_version) {
+          t->rollback();
+          throw error(unreadable_pre_state(
+              "recorded by version " + std::to_string(locked->handler_version) + " of handler '" +
+              locked->handler + "'; this server has version " +
+              std::to_string(ctx.handler_version)));
+        }
         if (locked->state == record_state::parked) {
           t->commit();
           throw_parked(config_.parked_retry_after);
@@ -649,6 +670,15 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
             locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
         if (no_attempts || no_window) {
+          // An attempt held in doubt is not parked before the backoff the
+          // completer waits beyond its hold (found in review: a client's
+          // retry parked it at once, and a parked key can be resolved by
+          // hand while the call may still land downstream).
+          if (locked->state == record_state::in_progress &&
+              locked->next_attempt_us > locked->db_now_us) {
+            t->rollback();
+            throw_in_progress(locked->next_attempt_us - locked->db_now_us);
+          }
           park_and_alert(store_, t, id, *locked,
                          no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
                          config_, ctx.runner);

@@ -305,6 +305,17 @@ TEST_P(Conformance, LiveLeaseIsRejectedWithTheTimeLeft) {
 
 // What a crashed attempt leaves behind: a record with a lease and a stored
 // Pre-RPC result, and nobody to finish it.
+/// Polls `f` until it returns true; false after a generous hang guard.
+template <class F>
+bool eventually(F f, std::chrono::seconds guard = std::chrono::seconds(60)) {
+  const auto until = std::chrono::steady_clock::now() + guard;
+  while (std::chrono::steady_clock::now() < until) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 void leave_crashed_attempt(store& s, const request_id& rid, const std::string& pre_json,
                            std::int64_t lease_us, const std::string& handler = {},
                            int handler_version = 0) {
@@ -887,6 +898,128 @@ struct completer_rig {
         });
   }
 };
+
+// Found in review: an attempt held in doubt (its call may still be running
+// downstream) is given a backoff beyond its hold before the completer
+// looks again, and resolve() refuses it meanwhile; but a client's retry with
+// no attempts left parked it at once, and a parked key can be resolved by
+// hand. Now the retry hears 409 until that backoff ends, and the parking
+// says what the last attempt left.
+TEST_P(Conformance, AnAttemptHeldInDoubtIsNotParkedBeforeItsBackoff) {
+  config cfg = short_lease();
+  cfg.max_attempts = 1;
+  cfg.retry_backoff_base = 3s;
+  cfg.retry_backoff_max = 3s;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  const std::string handler = "held-" + scope_.substr(6);
+  std::atomic<int> calls{0};
+  m.register_handler<payment>(
+      handler, 1,
+      [&](const attempt&, const payment&) -> std::string {
+        ++calls;
+        throw error(error_info::of(error_class::in_doubt, "gateway_timeout", "sent, no answer"));
+      },
+      [](tx&, const attempt&, const std::string& v) {
+        return response{201, {}, v};
+      });
+  const auto rid = id("held");
+  try {
+    m.process(handler, rid, pay_pre);
+    ADD_FAILURE() << "an in-doubt call answered";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.in_doubt()) << e.what();
+  }
+  // The hold (to the call's deadline) ends; the backoff beyond it has not.
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us > r->lease_expires_us;
+  }));
+  const auto held = store_->inspect(rid);
+  ASSERT_EQ(held->state, record_state::in_progress);
+  ASSERT_GT(held->next_attempt_us, held->db_now_us);
+  try {
+    m.process(handler, rid, pay_pre);
+    ADD_FAILURE() << "answered during the backoff";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress) << e.what();
+    ASSERT_TRUE(e.retry_after().has_value());
+    EXPECT_GT(*e.retry_after(), 0ms);
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::in_progress);
+  EXPECT_EQ(ops.resolve(rid.scope, rid.key, response{402, {}, "declined"}, "no").result,
+            admin_result::status::refused);
+
+  // After it, the retry parks the key, and the reason says why.
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us >= r->next_attempt_us;
+  }));
+  try {
+    m.process(handler, rid, pay_pre);
+    ADD_FAILURE() << "not parked";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked) << e.what();
+  }
+  const auto parked = store_->inspect(rid);
+  EXPECT_EQ(parked->state, record_state::parked);
+  EXPECT_NE(parked->last_error.find("did not finish"), std::string::npos) << parked->last_error;
+  EXPECT_EQ(calls, 1);
+}
+
+// Found in review: a client's retry reaching a server with an older version
+// of the handler (a rolling deploy, a rollback) ran that version's RPC on
+// the newer request's stored Pre-RPC result. Now it is refused, retryable,
+// and changes nothing, as the older build's completer leaves such records.
+TEST_P(Conformance, AnOlderHandlerVersionNeverRunsANewerVersionsRecord) {
+  config cfg = short_lease();
+  cfg.retry_backoff_base = 20ms;
+  cfg.retry_backoff_max = 20ms;
+  const std::string handler = "ver-" + scope_.substr(6);
+  manager newer(*store_, cfg);
+  completer_rig v2;
+  v2.register_on_version(newer, handler, 2);
+  v2.fail = [](const attempt& a) { return a.number() == 1; };
+  manager older(*store_, cfg);
+  completer_rig v1;
+  v1.register_on_version(older, handler, 1);
+
+  const auto expect_refused = [&](const request_id& rid) {
+    const auto before = store_->inspect(rid);
+    ASSERT_TRUE(before.has_value());
+    try {
+      older.process(handler, rid, pay_pre);
+      ADD_FAILURE() << "version 1 answered a version-2 request";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), codes::pre_state_unreadable) << e.what();
+      EXPECT_TRUE(e.retryable());
+    }
+    const auto after = store_->inspect(rid);
+    ASSERT_TRUE(after.has_value());
+    EXPECT_EQ(after->state, before->state);
+    EXPECT_EQ(after->attempts, before->attempts);
+    EXPECT_EQ(after->lease_owner, before->lease_owner);
+    EXPECT_EQ(after->last_error, before->last_error);
+    EXPECT_EQ(after->handler_version, 2);
+  };
+
+  // Failed retryably under version 2, then retried at a version-1 server.
+  const auto rid = id("failed-once");
+  EXPECT_THROW(newer.process(handler, rid, pay_pre), error);
+  std::this_thread::sleep_for(30ms);  // past the backoff
+  expect_refused(rid);
+  // A version-2 attempt that crashed: its lease ran out, still refused.
+  leave_crashed_attempt(*store_, id("crashed"), R"({"id":"x","amount":1})", 1000, handler, 2);
+  std::this_thread::sleep_for(20ms);
+  expect_refused(id("crashed"));
+  EXPECT_EQ(v1.runs, 0) << "version 1 ran a version-2 request";
+
+  // The version that made them finishes them.
+  EXPECT_EQ(newer.process(handler, rid, pay_pre).status, 201);
+  EXPECT_EQ(newer.process(handler, id("crashed"), pay_pre).status, 201);
+  EXPECT_EQ(v2.runs, 3);
+  EXPECT_EQ(v1.runs, 0);
+}
 
 TEST_P(Conformance, TheCompleterFinishesARequestWhoseClientWentAway) {
   config cfg = short_lease();
