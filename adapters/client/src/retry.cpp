@@ -47,6 +47,10 @@ std::string entity_key(std::string_view entity, std::string_view id, std::string
 
 error_kind kind_of_status(unsigned status) noexcept {
   if (status == 409) return error_kind::conflict;
+  // The server did not get the whole request in time and closed (RFC 9110
+  // section 15.5.9: the client may repeat it); found in review, it ended the
+  // call as an answer.
+  if (status == 408) return error_kind::network;
   if (!beast::retry_later_status(status)) return error_kind::none;
   return status == 429 ? error_kind::throttled : error_kind::server;
 }

@@ -51,14 +51,15 @@ namespace orpheus::client {
 /// What went wrong with one attempt (userver's error_kind, in small).
 enum class error_kind {
   none,       ///< a final answer (2xx, or a 4xx that is not retried)
-  network,    ///< connect failure, reset, connection closed early
+  network,    ///< connect failure, reset, connection closed early, 408
   timeout,    ///< no complete answer in time
   conflict,   ///< 409: another attempt with this key is in progress
   throttled,  ///< 429
   server,     ///< 5xx except 501
 };
 
-/// The kind of an HTTP status: conflict, throttled, server, or none (final).
+/// The kind of an HTTP status: conflict, throttled, server, network (408:
+/// the server did not get the whole request), or none (final).
 [[nodiscard]] error_kind kind_of_status(unsigned status) noexcept;
 
 /// The kind of a call that got no answer: timeout, or network (connect,
