@@ -720,16 +720,24 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           park_and_alert(store_, t, id, *locked, codes::pre_state_unreadable, config_, ctx.runner);
           throw_parked(config_.parked_retry_after);
         }
-        if (unreadable) {
-          t->take_lease(id, owner, locked->attempts, terms);
-          t->release(id, owner, reason_of(*unreadable), backoff_us(locked->attempts), ctx.runner);
+        if (unreadable && locked->state == record_state::in_progress &&
+            locked->next_attempt_us > locked->db_now_us) {
+          // Held in doubt and within its backoff: releasing it (retryable)
+          // would let it be resolved by hand while the call may still land
+          // (found in review). Left as it is.
+          t->rollback();
         } else {
-          t->take_lease(id, owner, locked->attempts + 1, terms);
-          attempt_number = locked->attempts + 1;
-          acquired = locked->state == record_state::in_progress ? request_event::takeover
-                                                                : request_event::retry;
+          if (unreadable) {
+            t->take_lease(id, owner, locked->attempts, terms);
+            t->release(id, owner, reason_of(*unreadable), backoff_us(locked->attempts), ctx.runner);
+          } else {
+            t->take_lease(id, owner, locked->attempts + 1, terms);
+            attempt_number = locked->attempts + 1;
+            acquired = locked->state == record_state::in_progress ? request_event::takeover
+                                                                  : request_event::retry;
+          }
+          t->commit();
         }
-        t->commit();
       }
     } catch (const storage_error& e) {
       // Nothing happened, or (in doubt) a lease may have landed: release it

@@ -965,6 +965,44 @@ TEST_P(Conformance, AnAttemptHeldInDoubtIsNotParkedBeforeItsBackoff) {
   EXPECT_EQ(parked->state, record_state::parked);
   EXPECT_NE(parked->last_error.find("did not finish"), std::string::npos) << parked->last_error;
   EXPECT_EQ(calls, 1);
+
+  // Nor made retryable (resolvable) by a server that cannot read its stored
+  // Pre-RPC result, during that backoff.
+  cfg.max_attempts = 5;
+  manager first(*store_, cfg);
+  const std::string other = "held2-" + scope_.substr(6);
+  first.register_handler<payment>(
+      other, 1,
+      [&](const attempt&, const payment&) -> std::string {
+        ++calls;
+        throw error(error_info::of(error_class::in_doubt, "gateway_timeout", "sent, no answer"));
+      },
+      [](tx&, const attempt&, const std::string& v) {
+        return response{201, {}, v};
+      });
+  manager changed(*store_, cfg);  // the same handler, its Pre-RPC result now an int
+  changed.register_handler<int>(
+      other, 1, [&](const attempt&, const int&) -> int { return ++calls; },
+      [](tx&, const attempt&, int v) {
+        return response{201, {}, std::to_string(v)};
+      });
+  const auto rid2 = id("held2");
+  EXPECT_THROW(first.process(other, rid2, pay_pre), error);
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid2);
+    return r->db_now_us > r->lease_expires_us;
+  }));
+  ASSERT_GT(store_->inspect(rid2)->next_attempt_us, store_->inspect(rid2)->db_now_us);
+  try {
+    changed.process(other, rid2, [](tx&) { return 1; });
+    ADD_FAILURE() << "an unreadable Pre-RPC result was run";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::pre_state_unreadable) << e.what();
+  }
+  EXPECT_EQ(store_->inspect(rid2)->state, record_state::in_progress);
+  EXPECT_EQ(ops.resolve(rid2.scope, rid2.key, response{402, {}, "declined"}, "no").result,
+            admin_result::status::refused);
+  EXPECT_EQ(calls, 2);
 }
 
 // Found in review: a client's retry reaching a server with an older version
