@@ -24,6 +24,17 @@ struct claimed {
 // `handlers`, locked, pushed a lease ahead so that other completers pass
 // over it while this one works. One at a time, each just before it runs, so
 // that no claim goes stale behind a slow batch (found in review).
+// Whether the record now holds a final outcome (one read, only after a
+// final error; a read that fails says no).
+bool recorded_final(store& s, const request_id& id) {
+  try {
+    const auto r = s.inspect(id);
+    return r && (r->state == record_state::succeeded || r->state == record_state::failed);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 std::optional<claimed> claim_one(store& s, std::size_t shard, const std::string& sql,
                                  const std::vector<std::pair<std::string, int>>& handlers,
                                  std::int64_t hold_us) {
@@ -104,8 +115,15 @@ completer_pass completer::run_once() {
           ++pass.skipped;
         } else if (e.retryable()) {
           ++pass.retrying;
-        } else {
+        } else if (recorded_final(s, c->id)) {
           ++pass.finished;  // a final failure, recorded by the manager
+        } else {
+          // Found in review: a final error that recorded nothing (a
+          // permanent storage error in the first transaction) was counted
+          // as finished; the key is due again later.
+          ++pass.retrying;
+          log(log_level::warning,
+              "completer: scope " + c->id.scope + " key " + c->id.key + ": " + e.what());
         }
       } catch (const std::exception& e) {
         ++pass.retrying;

@@ -1059,6 +1059,30 @@ TEST_P(Conformance, AnOlderHandlerVersionNeverRunsANewerVersionsRecord) {
   EXPECT_EQ(v1.runs, 0);
 }
 
+// Found in review: a final error that recorded nothing (here a permanent
+// storage error as the completer's attempt takes the lease) was counted as
+// finished; the record is due again later, so it is "retrying".
+TEST_P(Conformance, TheCompleterCountsAFinalErrorThatRecordedNothingAsRetrying) {
+  config cfg = short_lease();
+  test::forwarding_store fs(*store_);
+  manager m(fs, cfg);
+  completer_rig rig;
+  const std::string handler = "count-" + scope_.substr(6);
+  rig.register_on(m, handler);
+  leave_crashed_attempt(*store_, id("unlucky"), R"({"id":"x","amount":1})", 1000, handler, 1);
+  std::this_thread::sleep_for(20ms);
+  fs.on_statement = [](std::string_view name) {
+    if (name == "take_lease") throw storage_error::permanent("injected: the disk is read-only");
+  };
+  const auto pass = completer(m).run_once();
+  fs.on_statement = nullptr;
+  EXPECT_EQ(pass.claimed, 1U);
+  EXPECT_EQ(pass.finished, 0U);
+  EXPECT_EQ(pass.retrying, 1U);
+  EXPECT_EQ(store_->inspect(id("unlucky"))->state, record_state::in_progress);
+  EXPECT_EQ(rig.runs, 0);
+}
+
 TEST_P(Conformance, TheCompleterFinishesARequestWhoseClientWentAway) {
   config cfg = short_lease();
   cfg.retry_backoff_base = 20ms;
