@@ -636,19 +636,6 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           t->commit();
           throw_mismatch();
         }
-        // Nor by an older version of the handler (found in review: during a
-        // rolling deploy or after a rollback, a client's retry reaching an
-        // older server ran the older RPC on the newer request's stored
-        // Pre-RPC result, another charge under the same downstream key).
-        // Left as it is for a server that has the version, as the completer
-        // leaves it: retryable, nothing asked downstream, nothing written.
-        if (!locked->handler.empty() && locked->handler_version > ctx.handler_version) {
-          t->rollback();
-          throw error(unreadable_pre_state(
-              "recorded by version " + std::to_string(locked->handler_version) + " of handler '" +
-              locked->handler + "'; this server has version " +
-              std::to_string(ctx.handler_version)));
-        }
         if (locked->state == record_state::parked) {
           t->commit();
           throw_parked(config_.parked_retry_after);
@@ -674,15 +661,33 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           // completer waits beyond its hold (found in review: a client's
           // retry parked it at once, and a parked key can be resolved by
           // hand while the call may still land downstream).
-          if (locked->state == record_state::in_progress &&
+          // A completer claims a record only once that backoff is over, and
+          // its claim moves next_attempt_us (found in review: it then never
+          // parked a spent record): not for it.
+          if (ctx.runner != runner_completer && locked->state == record_state::in_progress &&
               locked->next_attempt_us > locked->db_now_us) {
             t->rollback();
             throw_in_progress(locked->next_attempt_us - locked->db_now_us);
           }
+          // Any version may park: nothing of the handler runs.
           park_and_alert(store_, t, id, *locked,
                          no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
                          config_, ctx.runner);
           throw_parked(config_.parked_retry_after);
+        }
+        // Nor is it resumed by an older version of the handler (found in
+        // review: during a rolling deploy or after a rollback, a client's
+        // retry reaching an older server ran the older RPC on the newer
+        // request's stored Pre-RPC result, another call under the same
+        // downstream key). Left as it is for a server that has the version,
+        // as the completer leaves it: retryable, nothing asked downstream,
+        // nothing written. Once its budget is spent it is parked (above).
+        if (!locked->handler.empty() && locked->handler_version > ctx.handler_version) {
+          t->rollback();
+          throw error(unreadable_pre_state(
+              "recorded by version " + std::to_string(locked->handler_version) + " of handler '" +
+              locked->handler + "'; this server has version " +
+              std::to_string(ctx.handler_version)));
         }
         // The stored Pre-RPC result must still read as the handler's type
         // (a rolling deploy may have changed it). If it does not, nothing is

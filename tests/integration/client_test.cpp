@@ -293,6 +293,20 @@ TEST(Client, RetriesAResetConnection408And429) {
   expect_same_key_and_body(s.seen(), req);
 }
 
+// A replayed 408 is a handler's answer the server recorded: final.
+TEST(Client, AReplayed408IsFinal) {
+  scripted_server s({}, step(408, {{"Idempotent-Replayed", "true"}}));
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  idempotent_client api(s.endpoint(), o);
+  const auto r = api.send(payment());
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(r.why, stop_reason::answered);
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.response->result_int(), 408U);
+}
+
 TEST(Client, AnAnswerSlowerThanTheAttemptTimeoutIsATimeout) {
   scripted_server s({}, {200, {}, 2000ms});
   client_options o;

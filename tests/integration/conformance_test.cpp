@@ -1059,6 +1059,46 @@ TEST_P(Conformance, AnOlderHandlerVersionNeverRunsANewerVersionsRecord) {
   EXPECT_EQ(v1.runs, 0);
 }
 
+// Found in review of the in-doubt parking rule: a completer's claim moves
+// next_attempt_us, and the rule then answered it 409 on every pass, so a
+// spent record whose client went away was never parked.
+TEST_P(Conformance, TheCompleterParksASpentAttemptThatDidNotFinish) {
+  config cfg = short_lease();
+  cfg.max_attempts = 1;
+  manager m(*store_, cfg);
+  completer_rig rig;
+  const std::string handler = "spent-" + scope_.substr(6);
+  rig.register_on(m, handler);
+  leave_crashed_attempt(*store_, id("spent"), R"({"id":"x","amount":1})", 1000, handler, 1);
+  std::this_thread::sleep_for(20ms);
+  const auto pass = completer(m).run_once();
+  EXPECT_EQ(pass.claimed, 1U);
+  EXPECT_EQ(pass.parked, 1U);
+  EXPECT_EQ(store_->inspect(id("spent"))->state, record_state::parked);
+  EXPECT_EQ(rig.runs, 0);
+}
+
+// And an older version parks a newer version's spent record (nothing of the
+// handler runs), rather than leave it unfinished until it is purged.
+TEST_P(Conformance, AnOlderHandlerVersionParksANewerVersionsSpentRecord) {
+  config cfg = short_lease();
+  cfg.max_attempts = 1;
+  const std::string handler = "spent2-" + scope_.substr(6);
+  manager older(*store_, cfg);
+  completer_rig v1;
+  v1.register_on_version(older, handler, 1);
+  leave_crashed_attempt(*store_, id("spent2"), R"({"id":"x","amount":1})", 1000, handler, 2);
+  std::this_thread::sleep_for(20ms);
+  try {
+    older.process(handler, id("spent2"), pay_pre);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked) << e.what();
+  }
+  EXPECT_EQ(store_->inspect(id("spent2"))->state, record_state::parked);
+  EXPECT_EQ(v1.runs, 0);
+}
+
 // Found in review: a final error that recorded nothing (here a permanent
 // storage error as the completer's attempt takes the lease) was counted as
 // finished; the record is due again later, so it is "retrying".
