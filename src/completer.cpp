@@ -20,10 +20,6 @@ struct claimed {
   int version = 0;
 };
 
-// One short transaction: the most overdue due record that names one of
-// `handlers`, locked, pushed a lease ahead so that other completers pass
-// over it while this one works. One at a time, each just before it runs, so
-// that no claim goes stale behind a slow batch (found in review).
 // Whether the record now holds a final outcome (one read, only after a
 // final error; a read that fails says no).
 bool recorded_final(store& s, const request_id& id) {
@@ -35,6 +31,10 @@ bool recorded_final(store& s, const request_id& id) {
   }
 }
 
+// One short transaction: the most overdue due record that names one of
+// `handlers`, locked, pushed a lease ahead so that other completers pass
+// over it while this one works. One at a time, each just before it runs, so
+// that no claim goes stale behind a slow batch (found in review).
 std::optional<claimed> claim_one(store& s, std::size_t shard, const std::string& sql,
                                  const std::vector<std::pair<std::string, int>>& handlers,
                                  std::int64_t hold_us) {

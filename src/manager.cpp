@@ -656,16 +656,18 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         const bool no_attempts =
             locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
+        // An attempt held in doubt, within the backoff the completer waits
+        // beyond its hold: its call may still land downstream. A client's
+        // retry neither parks it nor makes it retryable meanwhile (found in
+        // review: either let it be resolved by hand). A completer claims a
+        // record only once that backoff is over, and its claim moves
+        // next_attempt_us (found in review: it then never parked a spent
+        // record): the rule is not for it.
+        const bool held_in_doubt = ctx.runner != runner_completer &&
+                                   locked->state == record_state::in_progress &&
+                                   locked->next_attempt_us > locked->db_now_us;
         if (no_attempts || no_window) {
-          // An attempt held in doubt is not parked before the backoff the
-          // completer waits beyond its hold (found in review: a client's
-          // retry parked it at once, and a parked key can be resolved by
-          // hand while the call may still land downstream).
-          // A completer claims a record only once that backoff is over, and
-          // its claim moves next_attempt_us (found in review: it then never
-          // parked a spent record): not for it.
-          if (ctx.runner != runner_completer && locked->state == record_state::in_progress &&
-              locked->next_attempt_us > locked->db_now_us) {
+          if (held_in_doubt) {
             t->rollback();
             throw_in_progress(locked->next_attempt_us - locked->db_now_us);
           }
@@ -725,22 +727,17 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           park_and_alert(store_, t, id, *locked, codes::pre_state_unreadable, config_, ctx.runner);
           throw_parked(config_.parked_retry_after);
         }
-        if (unreadable && locked->state == record_state::in_progress &&
-            locked->next_attempt_us > locked->db_now_us) {
-          // Held in doubt and within its backoff: releasing it (retryable)
-          // would let it be resolved by hand while the call may still land
-          // (found in review). Left as it is.
-          t->rollback();
+        if (unreadable && held_in_doubt) {
+          t->rollback();  // left as it is (above); the unreadable answer follows
+        } else if (unreadable) {
+          t->take_lease(id, owner, locked->attempts, terms);
+          t->release(id, owner, reason_of(*unreadable), backoff_us(locked->attempts), ctx.runner);
+          t->commit();
         } else {
-          if (unreadable) {
-            t->take_lease(id, owner, locked->attempts, terms);
-            t->release(id, owner, reason_of(*unreadable), backoff_us(locked->attempts), ctx.runner);
-          } else {
-            t->take_lease(id, owner, locked->attempts + 1, terms);
-            attempt_number = locked->attempts + 1;
-            acquired = locked->state == record_state::in_progress ? request_event::takeover
-                                                                  : request_event::retry;
-          }
+          t->take_lease(id, owner, locked->attempts + 1, terms);
+          attempt_number = locked->attempts + 1;
+          acquired = locked->state == record_state::in_progress ? request_event::takeover
+                                                                : request_event::retry;
           t->commit();
         }
       }

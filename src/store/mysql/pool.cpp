@@ -1,7 +1,6 @@
 #include "pool.hpp"
 
 #include <optional>
-#include <vector>
 
 namespace orpheus::mysql_detail {
 
@@ -24,12 +23,11 @@ std::unique_ptr<connection> pool::borrow() {
     const auto idle_for = steady::now() - c->last_used();
     // A connection to a node no longer in use (found in review): a host that
     // died silently would make its ping wait read_timeout, one after another.
-    // And one older than a failed ping (found in review: given back after
-    // the sweep below, or idle in the shard's other pool, it would cost a
-    // read_timeout of its own).
+    // And one older than a failed ping (below).
     if (idle_for >= discard_after_ || c->node() != node_in_use_.load() ||
         c->generation() < dead_since_.load()) {
-      --open_;  // closed by the server, or about to be: drop it and look again
+      --open_;                  // closed by the server, or about to be: drop it and look again
+      available_.notify_one();  // a slot is free
       lock.unlock();
       c.reset();
       lock.lock();
@@ -52,36 +50,21 @@ std::unique_ptr<connection> pool::borrow() {
     // Dead. Found in review: a node that stopped answering (a frozen or
     // cut-off host keeps its TCP connections open) made this loop ping
     // every idle connection to it, read_timeout each: one borrow took
-    // minutes. One failed ping is enough: every idle connection to that
-    // node is dropped, and the caller gets a new connection instead, or the
-    // connect's error. A healthy connection dropped with them costs a
-    // reconnect. As for a lost link, new connections try the next node
-    // first (Galera; a single server stays node 0).
-    const std::size_t dead_node = c->node();
+    // minutes. One failed ping is enough: every connection older than it,
+    // in both pools of the shard, is dropped unpinged (dead_since; the rest
+    // of idle_ goes on the next turns of this loop), and the caller gets a
+    // new connection, or the connect's error. A healthy connection dropped
+    // with them costs a reconnect. As for a lost link, new connections try
+    // the next node first (Galera).
+    move_off(c->node());
     c.reset();
-    std::size_t in_use = dead_node;
-    node_in_use_.compare_exchange_strong(in_use, (dead_node + 1) % (1 + shard_.failover.size()));
     lock.lock();
     --open_;
     const std::uint64_t now_dead = ++generation_;
     for (std::uint64_t was = dead_since_.load();
          was < now_dead && !dead_since_.compare_exchange_weak(was, now_dead);) {
     }
-    std::vector<std::unique_ptr<connection>> doomed;
-    doomed.reserve(idle_.size());  // no allocation once connections are moved
-    for (auto it = idle_.begin(); it != idle_.end();) {
-      if ((*it)->node() == dead_node) {
-        doomed.push_back(std::move(*it));
-        it = idle_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    open_ -= doomed.size();
-    available_.notify_all();  // room for new connections
-    lock.unlock();
-    doomed.clear();  // closed without the lock
-    lock.lock();
+    available_.notify_one();  // a slot is free
   }
   ++open_;
   const std::uint64_t gen = generation_.load();
@@ -124,13 +107,7 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
 
 void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost) {
   if (broken) {
-    if (link_lost) {
-      // The node may be gone: the next connection tries the next one first.
-      // (Only if this connection's node is still the one in use: a burst of
-      // broken connections moves on once.)
-      std::size_t in_use = c->node();
-      node_in_use_.compare_exchange_strong(in_use, (in_use + 1) % (1 + shard_.failover.size()));
-    }
+    if (link_lost) move_off(c->node());  // the node may be gone
     c.reset();
     std::lock_guard lock(mutex_);
     --open_;
@@ -142,6 +119,12 @@ void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost)
   std::lock_guard lock(mutex_);
   idle_.push_back(std::move(c));
   available_.notify_one();
+}
+
+// The next connection tries the node after `node` first; only if `node` is
+// still the one in use, so that a burst of failures moves on once.
+void pool::move_off(std::size_t node) {
+  node_in_use_.compare_exchange_strong(node, (node + 1) % (1 + shard_.failover.size()));
 }
 
 void pool::forget_one() {

@@ -67,6 +67,7 @@ class pool {
 
  private:
   void forget_one();
+  void move_off(std::size_t node);
   /// A new connection to the node in use, or else to the next node that
   /// answers (and is ready), in order around the list; that node is then in
   /// use. Throws the last node's error.
