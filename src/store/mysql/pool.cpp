@@ -60,10 +60,7 @@ std::unique_ptr<connection> pool::borrow() {
     c.reset();
     lock.lock();
     --open_;
-    const std::uint64_t now_dead = ++generation_;
-    for (std::uint64_t was = dead_since_.load();
-         was < now_dead && !dead_since_.compare_exchange_weak(was, now_dead);) {
-    }
+    mark_dead();
     available_.notify_one();  // a slot is free
   }
   ++open_;
@@ -111,7 +108,16 @@ void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost)
     c.reset();
     std::lock_guard lock(mutex_);
     --open_;
-    ++generation_;
+    // A lost link (a statement that timed out on a frozen server, a reset)
+    // says what a failed ping says. Found in CI: a ping that the server
+    // answered just before it froze, then a statement that timed out, left
+    // the shard's other idle connections merely suspect, and the next read
+    // paid a ping (read_timeout) of its own before connecting.
+    if (link_lost) {
+      mark_dead();
+    } else {
+      ++generation_;  // a session in an unknown state: the others are only suspect
+    }
     available_.notify_one();
     return;
   }
@@ -125,6 +131,13 @@ void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost)
 // still the one in use, so that a burst of failures moves on once.
 void pool::move_off(std::size_t node) {
   node_in_use_.compare_exchange_strong(node, (node + 1) % (1 + shard_.failover.size()));
+}
+
+void pool::mark_dead() {
+  const std::uint64_t now_dead = ++generation_;
+  for (std::uint64_t was = dead_since_.load();
+       was < now_dead && !dead_since_.compare_exchange_weak(was, now_dead);) {
+  }
 }
 
 void pool::forget_one() {

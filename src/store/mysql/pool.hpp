@@ -25,9 +25,10 @@ struct shard_health {
   /// The index (0 is shard.host, then shard.failover) of the node new
   /// connections try first.
   std::atomic<std::size_t> node_in_use{0};
-  /// The epoch at which a ping last failed: connections opened or pinged
-  /// before it are dropped unpinged. A node that stopped answering costs a
-  /// caller one ping (read_timeout), not one per idle connection.
+  /// The epoch at which a ping last failed or a link was lost: connections
+  /// opened or pinged before it are dropped unpinged. A node that stopped
+  /// answering costs a caller at most one ping or statement (read_timeout),
+  /// not one per idle connection.
   std::atomic<std::uint64_t> dead_since{0};
 };
 
@@ -56,11 +57,12 @@ class pool {
   /// (connect_timeout for the server's greeting, read_timeout for each
   /// round trip of the login and session set-up after it).
   std::unique_ptr<connection> borrow();
-  /// Returns a connection; a broken one is closed, and every idle connection
-  /// opened before it is pinged before its next use. `link_lost`: its link
-  /// failed (lost connection, a node not ready), so the next connection
+  /// Returns a connection; a broken one is closed. `link_lost`: its link
+  /// failed (lost connection, a node not ready), so every idle connection of
+  /// the shard opened before it is dropped unpinged and the next connection
   /// tries the shard's next node first; a session closed for other reasons
-  /// (a failed COMMIT, a certification conflict) leaves the node in use.
+  /// (a failed COMMIT, a certification conflict) leaves the node in use and
+  /// the idle connections are pinged before their next use.
   void give_back(std::unique_ptr<connection> c, bool broken, bool link_lost);
 
   const mysql_shard& shard() const { return shard_; }
@@ -68,6 +70,9 @@ class pool {
  private:
   void forget_one();
   void move_off(std::size_t node);
+  /// Every connection of the shard opened or pinged before now is dropped
+  /// unpinged (shard_health::dead_since).
+  void mark_dead();
   /// A new connection to the node in use, or else to the next node that
   /// answers (and is ready), in order around the list; that node is then in
   /// use. Throws the last node's error.
