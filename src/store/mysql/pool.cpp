@@ -104,6 +104,12 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
 
 void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost) {
   if (broken) {
+    // Only a connection as new as the last death, to the node in use, says
+    // anything new (found in review: each of N statements in flight on a
+    // node that froze would otherwise drop the connections opened since,
+    // to the next node, when it timed out).
+    const bool news =
+        link_lost && c->generation() >= dead_since_.load() && c->node() == node_in_use_.load();
     if (link_lost) move_off(c->node());  // the node may be gone
     c.reset();
     std::lock_guard lock(mutex_);
@@ -113,10 +119,10 @@ void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost)
     // answered just before it froze, then a statement that timed out, left
     // the shard's other idle connections merely suspect, and the next read
     // paid a ping (read_timeout) of its own before connecting.
-    if (link_lost) {
+    if (news) {
       mark_dead();
     } else {
-      ++generation_;  // a session in an unknown state: the others are only suspect
+      ++generation_;  // the others are only suspect
     }
     available_.notify_one();
     return;
