@@ -30,6 +30,16 @@ admin_result refused(const record& r, std::string_view what) {
           std::string(what) + " (the record is " + std::string(to_string(r.state)) + ")"};
 }
 
+/// Why `verb` waits: an attempt's call downstream had an unknown outcome and
+/// may still land (record::in_doubt_until_us). Deciding the outcome, or
+/// compensating, before then could miss a charge that lands later.
+std::string may_still_land(const record& r, std::string_view verb) {
+  const std::int64_t left_s = (r.in_doubt_until_us - r.db_now_us + 999'999) / 1'000'000;
+  return "a call downstream whose outcome was unknown may still land for " +
+         std::to_string(left_s) + " s; " + std::string(verb) +
+         " it after that, once you have asked the downstream service what happened";
+}
+
 }  // namespace
 
 admin::admin(store& s, config c) : store_(s), config_(std::move(c)) { validate(config_); }
@@ -137,6 +147,10 @@ admin_result admin::resolve(std::string_view scope, std::string_view key, const 
   auto t = detail::begin_record_tx(store_, id);
   const auto rec = t->lock(id);
   if (!rec) return not_found(id);
+  if (rec->in_doubt_until_us > rec->db_now_us && !is_terminal(rec->state)) {
+    t->rollback();
+    return refused(*rec, may_still_land(*rec, "resolve"));
+  }
   const record_state final_state = r.status < 400 ? record_state::succeeded : record_state::failed;
   const lease_terms terms = detail::terms_of(config_);
   if (!t->resolve(id, final_state, r, "resolved by an operator: " + std::string(note), terms)) {
@@ -165,6 +179,7 @@ admin_result admin::cancel(std::string_view scope, std::string_view key, std::st
                       : "an attempt may still be running (its call downstream too); cancel it "
                         "once it is parked or retryable");
   }
+  if (r->in_doubt_until_us > r->db_now_us) return refuse(may_still_land(*r, "cancel"));
   if (r->recovery_point.empty()) {
     return refuse(
         "a request of a single RPC has no steps to compensate: check downstream what happened "

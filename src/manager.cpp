@@ -215,15 +215,18 @@ void release_quietly(store& s, const request_id& id, std::string_view owner, std
 
 /// Best-effort, fenced, in a transaction of its own: a history row saying
 /// this attempt's outcome is in doubt, for an attempt that keeps its lease
-/// but could not record (its Post-RPC or transaction 2 failed). Without it,
-/// the next attempt would write it down as `abandoned`. Same caveat as
+/// but could not record (its Post-RPC or transaction 2 failed), and the
+/// time until which its call may still land (mark_in_doubt). Without the
+/// row, the next attempt would write it down as `abandoned`. Same caveat as
 /// release_quietly: no transaction of this store may be held.
 void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owner,
-                           std::string_view why, std::string_view runner,
+                           std::string_view why, std::string_view runner, std::int64_t backoff_us,
                            std::string_view step = {}) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
-    if (t->add_history_fenced(id, owner, "in_doubt", why, runner, step)) {
+    const bool ours = t->add_history_fenced(id, owner, "in_doubt", why, runner, step);
+    // When the lease is another's now, the unfenced mark (from now).
+    if (t->mark_in_doubt(id, ours ? owner : std::string_view(), backoff_us)) {
       t->commit();
     } else {
       t->rollback();
@@ -231,6 +234,23 @@ void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owne
   } catch (const std::exception& e) {
     log(log_level::warning, std::string("could not write an in-doubt history row: ") + e.what());
   } catch (...) {  // NOLINT(bugprone-empty-catch): history only
+  }
+}
+
+/// Best-effort, in a transaction of its own: an attempt whose call is in
+/// doubt lost its lease before it could record so; its call may still land
+/// (record_tx::mark_in_doubt, unfenced). Same caveat as release_quietly.
+void mark_in_doubt_quietly(store& s, const request_id& id, std::int64_t backoff_us) noexcept {
+  try {
+    auto t = detail::begin_record_tx(s, id);
+    if (t->mark_in_doubt(id, "", backoff_us)) {
+      t->commit();
+    } else {
+      t->rollback();
+    }
+  } catch (const std::exception& e) {
+    log(log_level::warning, std::string("could not mark a call in doubt: ") + e.what());
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the lease expiry is all that is left
   }
 }
 
@@ -250,7 +270,10 @@ bool hold_until(detail::record_tx& t, const request_id& id, std::string_view own
   // A completer waits a backoff beyond the hold: the call may still be
   // running downstream when our side of it timed out (found in review).
   t.take_lease(id, owner, r->attempts, held, held.lease_us + backoff_us);
-  return true;
+  // And nobody parks, resolves or cancels it before then, whatever happens
+  // to the record meanwhile (found in review: a later attempt that failed
+  // safely, or a record without a handler, had no such time).
+  return t.mark_in_doubt(id, owner, backoff_us);
 }
 
 /// Under transaction 1's lock: parks a record whose budget is spent, commits,
@@ -378,7 +401,8 @@ void record_after_rpc(const after_rpc& w,
     if (!rpc_in_doubt) {
       release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
     } else {
-      note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner, w.a.step());
+      note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner, w.backoff_us,
+                            w.a.step());
     }
   };
   const std::string where = "scope " + w.id.scope + " key " + w.id.key;
@@ -417,7 +441,11 @@ void record_after_rpc(const after_rpc& w,
     }
   } catch (const storage_error& e) {
     if (e.code() == codes::lease_lost) {
-      // Nothing was recorded; the lease is another attempt's now.
+      // Nothing was recorded; the lease is another attempt's now. If this
+      // attempt's call is in doubt it may still land: say so all the same
+      // (found in review: a record slow to record its hold lost the mark,
+      // and could be parked and resolved while the call could land).
+      if (rpc_in_doubt) mark_in_doubt_quietly(w.s, w.id, w.backoff_us);
       log(log_level::warning, where + ": lease lost before recording; attempt " +
                                   std::to_string(w.a.number()) + " not recorded");
       throw;
@@ -656,20 +684,28 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         const bool no_attempts =
             locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
-        // An attempt held in doubt, within the backoff the completer waits
-        // beyond its hold: its call may still land downstream. A client's
-        // retry neither parks it nor makes it retryable meanwhile (found in
-        // review: either let it be resolved by hand). A completer claims a
-        // record only once that backoff is over, and its claim moves
-        // next_attempt_us (found in review: it then never parked a spent
-        // record): the rule is not for it.
-        const bool held_in_doubt = ctx.runner != runner_completer &&
-                                   locked->state == record_state::in_progress &&
-                                   locked->next_attempt_us > locked->db_now_us;
+        // A call downstream whose outcome was unknown may still land
+        // (record::in_doubt_until_us). Nobody parks the record meanwhile,
+        // nor makes it retryable for want of a readable Pre-RPC result
+        // (found in review: either let it be resolved by hand while the
+        // call could still land; first for a client's retry, then for a
+        // record without a handler, or one whose in-doubt attempt was
+        // followed by one that failed safely).
+        // Records held by a binary from before schema version 5 have no such
+        // time: the rule of those binaries (a client's retry, an attempt
+        // in progress whose next_attempt_us is still ahead) holds for them.
+        const bool held_in_doubt =
+            locked->in_doubt_until_us > locked->db_now_us ||
+            (locked->in_doubt_until_us == 0 && ctx.runner != runner_completer &&
+             locked->state == record_state::in_progress &&
+             locked->next_attempt_us > locked->db_now_us);
         if (no_attempts || no_window) {
           if (held_in_doubt) {
             t->rollback();
-            throw_in_progress(locked->next_attempt_us - locked->db_now_us);
+            throw_in_progress((locked->in_doubt_until_us > locked->db_now_us
+                                   ? locked->in_doubt_until_us
+                                   : locked->next_attempt_us) -
+                              locked->db_now_us);
           }
           // Any version may park: nothing of the handler runs.
           park_and_alert(store_, t, id, *locked,
@@ -721,7 +757,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         } catch (const std::exception& e) {
           unreadable = unreadable_pre_state(e.what());
         }
-        if (unreadable && ctx.runner == runner_completer) {
+        if (unreadable && ctx.runner == runner_completer && !held_in_doubt) {
           // Nobody is waiting for this answer, and a later pass would meet
           // the same result: a person decides (requeue after a deploy).
           park_and_alert(store_, t, id, *locked, codes::pre_state_unreadable, config_, ctx.runner);

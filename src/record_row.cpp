@@ -135,7 +135,8 @@ record record_from_row(const sql_row& row, bool full) {
     out.handler = text_or_empty(v[17]);
     out.handler_version = static_cast<int>(int_or_zero(v[18]));
     out.next_attempt_us = int_or_zero(v[19]);
-    out.retention_us = int_or_zero(v.at(20));
+    out.retention_us = int_or_zero(v[20]);
+    out.in_doubt_until_us = int_or_zero(v.at(21));
   }
   return out;
 }

@@ -103,6 +103,25 @@ record_sql::record_sql(const sql_dialect& d) {
                ", lease_owner = ?, lease_expires_us = " + now +
                " + ?, next_attempt_us = " + if_handler +
                " + ? END, attempts = ?, updated_us = " + now + " WHERE scope = ? AND idem_key = ?";
+  // The later of the time already there and this attempt's lease end plus
+  // a backoff (the same figure each time): a NULL compares as unknown, so
+  // the ELSE sets it. next_attempt_us, when the record has one, moves there
+  // too: the completer would only meet 409 before it (found in review).
+  const std::string until = "lease_expires_us + ?";
+  mark_in_doubt = "UPDATE orpheus_records SET in_doubt_until_us = CASE WHEN in_doubt_until_us > " +
+                  until + " THEN in_doubt_until_us ELSE " + until +
+                  " END, next_attempt_us = CASE WHEN next_attempt_us IS NULL THEN NULL WHEN "
+                  "next_attempt_us > " +
+                  until + " THEN next_attempt_us ELSE " + until + " END, updated_us = " + now +
+                  fence();
+  // The same from now, for an attempt that lost its lease before it could
+  // say its call was in doubt (another attempt took over meanwhile): it only
+  // ever moves the time later, on any unfinished record.
+  mark_in_doubt_unfenced =
+      "UPDATE orpheus_records SET in_doubt_until_us = CASE WHEN in_doubt_until_us > " + now +
+      " + ? THEN in_doubt_until_us ELSE " + now +
+      " + ? END WHERE scope = ? AND idem_key = ? AND state <> " + number(record_state::succeeded) +
+      " AND state <> " + number(record_state::failed);
   finish =
       "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, last_error = ?, "
       "lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, expires_us = " +
@@ -257,6 +276,17 @@ void record_tx::take_lease(const request_id& id, std::string_view owner, int att
       std::string(owner),     t.lease_us, next_attempt_in_us.value_or(t.lease_us),
       std::int64_t{attempts}, id.scope,   id.key};
   t_->execute_values(sql_.take_lease, p);
+}
+
+bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner,
+                              std::int64_t backoff_us) {
+  if (owner.empty()) {
+    const sql_value p[] = {backoff_us, backoff_us, id.scope, id.key};
+    return t_->execute_values(sql_.mark_in_doubt_unfenced, p) == 1;
+  }
+  const sql_value p[] = {backoff_us, backoff_us, backoff_us,        backoff_us,
+                         id.scope,   id.key,     std::string(owner)};
+  return t_->execute_values(sql_.mark_in_doubt, p) == 1;
 }
 
 bool record_tx::finish(const request_id& id, std::string_view owner, record_state s,

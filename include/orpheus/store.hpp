@@ -76,6 +76,11 @@ struct record {
   /// it was made (process_options::retention); 0 when written before schema
   /// version 3.
   std::int64_t retention_us = 0;
+  /// Until when a call downstream whose outcome was unknown (an attempt held
+  /// in doubt) may still land, database clock: nobody parks, resolves or
+  /// cancels the record before it. 0: no attempt was in doubt (or none since
+  /// schema version 5).
+  std::int64_t in_doubt_until_us = 0;
 };
 
 /// Lease and retention figures a write needs, in microseconds.

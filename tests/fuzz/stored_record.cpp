@@ -36,7 +36,7 @@ using orpheus::sql_value;
 using orpheus::fuzz::shown;
 
 constexpr std::size_t fast_columns = 9;  // record_columns_fast + now
-constexpr std::size_t all_columns = 21;  // ... + record_columns_rest
+constexpr std::size_t all_columns = 22;  // ... + record_columns_rest
 
 sql_value column_of(std::string_view line) {
   if (line.empty() || line[0] == 'n') return nullptr;
@@ -169,6 +169,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check_number(v[18], r.handler_version, "handler_version", true);
     check_number(v[19], r.next_attempt_us, "next_attempt_us");
     check_number(v[20], r.retention_us, "retention_us");
+    check_number(v[21], r.in_doubt_until_us, "in_doubt_until_us");
   } else {
     FUZZ_CHECK(r.pre_state.empty() && r.recovery_point.empty() && r.last_error.empty() &&
                    r.created_us == 0 && r.updated_us == 0 && r.retry_until_us == 0 &&

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -668,6 +669,10 @@ TEST_P(Conformance, AResolvedRequestReplaysTheOperatorsOutcome) {
 TEST_P(Conformance, HistoryKeepsEveryUnfinishedAttemptParkingAndOperatorAction) {
   config cfg = short_lease();
   cfg.max_attempts = 3;
+  // Attempt 3's call is in doubt: it may land for a backoff after its hold,
+  // and nothing parks the key before that (in_doubt_until_us).
+  cfg.retry_backoff_base = 20ms;
+  cfg.retry_backoff_max = 20ms;
   manager m(*store_, cfg);
   admin ops(*store_, cfg);
   const auto rid = id("k1");
@@ -1003,6 +1008,141 @@ TEST_P(Conformance, AnAttemptHeldInDoubtIsNotParkedBeforeItsBackoff) {
   EXPECT_EQ(ops.resolve(rid2.scope, rid2.key, response{402, {}, "declined"}, "no").result,
             admin_result::status::refused);
   EXPECT_EQ(calls, 2);
+}
+
+// Found in review: the in-doubt backoff lived in next_attempt_us, which a
+// record without a handler never has, and which a later attempt that fails
+// safely replaces with its own. Either way the key could be parked and
+// resolved (or, retryable, resolved at once) while the in-doubt call could
+// still land. record::in_doubt_until_us outlives the attempt.
+TEST_P(Conformance, ACallInDoubtIsNeitherParkedNorResolvedUntilItCanNoLongerLand) {
+  config cfg = short_lease();
+  cfg.max_attempts = 2;
+  cfg.retry_backoff_base = 3s;
+  cfg.retry_backoff_max = 3s;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  std::atomic<int> calls{0};
+  // Without a handler: only its client can finish it. Attempt 1's call is
+  // in doubt; attempt 2's fails safely (nothing reached the bank).
+  const auto pay = [&](const request_id& rid) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt& a, int) -> std::string {
+          ++calls;
+          if (a.number() == 1) {
+            throw error(
+                error_info::of(error_class::in_doubt, "gateway_timeout", "sent, no answer"));
+          }
+          throw retryable_error("bank_unavailable", "503 before anything was sent");
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  };
+  const auto rid = id("in-doubt-then-safe");
+  EXPECT_THROW(pay(rid), error);
+  const auto first = store_->inspect(rid);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->next_attempt_us, 0) << "no handler: the completer never looks at it";
+  EXPECT_GT(first->in_doubt_until_us, first->lease_expires_us);
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us > r->lease_expires_us;
+  }));
+  try {
+    pay(rid);  // attempt 2, a take-over: allowed, the same downstream key
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), "bank_unavailable") << e.what();
+  }
+  const auto released = store_->inspect(rid);
+  ASSERT_EQ(released->state, record_state::retryable);
+  ASSERT_GT(released->in_doubt_until_us, released->db_now_us);
+  EXPECT_EQ(released->in_doubt_until_us, first->in_doubt_until_us) << "kept by attempt 2";
+
+  // The budget is spent, and attempt 1's call may still land: neither the
+  // client's retry parks it nor a person resolves or cancels it.
+  try {
+    pay(rid);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress) << e.what();
+    ASSERT_TRUE(e.retry_after().has_value());
+    EXPECT_GT(*e.retry_after(), 0ms);
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
+  const auto refused = ops.resolve(rid.scope, rid.key, response{402, {}, "declined"}, "no");
+  EXPECT_EQ(refused.result, admin_result::status::refused);
+  EXPECT_NE(refused.why.find("may still land"), std::string::npos) << refused.why;
+  EXPECT_EQ(ops.cancel(rid.scope, rid.key, "no").result, admin_result::status::refused);
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
+
+  // Once it can no longer land: parked by the next retry, then resolved.
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us >= r->in_doubt_until_us;
+  }));
+  try {
+    pay(rid);
+    ADD_FAILURE() << "not parked";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::request_parked) << e.what();
+  }
+  EXPECT_EQ(ops.resolve(rid.scope, rid.key, response{402, {}, "declined"}, "asked the bank").result,
+            admin_result::status::done);
+  EXPECT_EQ(calls, 2);
+}
+
+// Found in review of the above: an attempt whose call is in doubt but which
+// lost its lease before recording so (another attempt took over and failed
+// safely meanwhile) left no in_doubt_until_us, and the key could be parked
+// and resolved while its call could still land.
+TEST_P(Conformance, ACallInDoubtIsMarkedEvenWhenItsAttemptLostTheLease) {
+  config cfg = short_lease();
+  cfg.max_attempts = 2;
+  cfg.retry_backoff_base = 3s;
+  cfg.retry_backoff_max = 3s;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  const auto rid = id("lost-then-in-doubt");
+  std::function<response()> pay;
+  pay = [&] {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt& a, int) -> std::string {
+          if (a.number() == 2) throw retryable_error("bank_unavailable", "503, nothing sent");
+          // Attempt 1 stalls past its lease; attempt 2 takes over and fails
+          // safely; then attempt 1's call turns out to be in doubt.
+          EXPECT_TRUE(eventually([&] {
+            const auto r = store_->inspect(rid);
+            return r->db_now_us > r->lease_expires_us;
+          }));
+          EXPECT_THROW(pay(), error);
+          throw error(error_info::of(error_class::in_doubt, "gateway_timeout", "sent, no answer"));
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  };
+  try {
+    pay();
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::lease_lost) << e.what();
+  }
+  const auto r = store_->inspect(rid);
+  ASSERT_EQ(r->state, record_state::retryable);
+  EXPECT_GT(r->in_doubt_until_us, r->db_now_us);
+  try {
+    pay();
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress) << e.what();
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
+  EXPECT_EQ(ops.resolve(rid.scope, rid.key, response{402, {}, "declined"}, "no").result,
+            admin_result::status::refused);
 }
 
 // Found in review: a client's retry reaching a server with an older version

@@ -261,7 +261,7 @@ TEST(OrpheusctlStore, RefusesAStoreThatIsNotMigratedAndCreatesNoFile) {
   EXPECT_FALSE(std::filesystem::exists(dir / "missing.db")) << "only migrate creates a file";
   const auto migrated = run_ctl("sqlite:" + (dir / "old.db").string(), {"--json", "migrate"});
   ASSERT_EQ(migrated.code, 0);
-  EXPECT_EQ(migrated.parsed()["schema_version"][0], 4);
+  EXPECT_EQ(migrated.parsed()["schema_version"][0], 5);
   EXPECT_EQ(run_ctl("sqlite:" + (dir / "old.db").string(), {"stats"}).code, 0);
   // A bad key is bad usage (2), even when the database cannot be reached
   // (found in review: it was checked after opening the store).

@@ -258,6 +258,8 @@ json record_json(const orpheus::record_report& r, const std::string& scope,
       {"updated_us", rec.updated_us},
       {"retry_until_us", rec.retry_until_us},
       {"expires_us", rec.expires_us},
+      {"in_doubt_until_us",
+       rec.in_doubt_until_us == 0 ? json(nullptr) : json(rec.in_doubt_until_us)},
       {"db_now_us", rec.db_now_us},
       {"last_error", rec.last_error},
       {"pre_state", rec.pre_state},
@@ -297,6 +299,10 @@ void print_record(const orpheus::record_report& r, const std::string& scope,
   if (!rec.lease_owner.empty()) {
     std::cout << "  lease        " << rec.lease_owner << " until " << iso_time(rec.lease_expires_us)
               << (rec.lease_expires_us > rec.db_now_us ? " (live)" : " (expired)") << "\n";
+  }
+  if (rec.in_doubt_until_us > rec.db_now_us && !orpheus::is_terminal(rec.state)) {
+    std::cout << "  in doubt     a call downstream may still land until "
+              << iso_time(rec.in_doubt_until_us) << ": ask downstream before resolving\n";
   }
   if (!rec.last_error.empty()) std::cout << "  last error   " << rec.last_error << "\n";
   if (!rec.recovery_point.empty()) std::cout << "  steps        " << rec.recovery_point << "\n";

@@ -20,7 +20,8 @@ inline constexpr std::string_view record_columns_fast =
 /// The rest of the record, for take-overs (pre_state) and for inspection.
 inline constexpr std::string_view record_columns_rest =
     "pre_state, steps, last_error, created_us, updated_us, retry_until_us, expires_us, "
-    "attempts_before_requeue, handler, handler_version, next_attempt_us, retention_us";
+    "attempts_before_requeue, handler, handler_version, next_attempt_us, retention_us, "
+    "in_doubt_until_us";
 
 /// Builds a record from a row of `fast, now[, rest]`; `full` says whether the
 /// rest is there. Throws storage_error::permanent (not retryable) when the

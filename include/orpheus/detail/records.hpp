@@ -30,6 +30,8 @@ struct record_sql {
   std::string save_pre_state;
   std::string save_progress;
   std::string take_lease;
+  std::string mark_in_doubt;
+  std::string mark_in_doubt_unfenced;
   std::string finish;
   std::string release;
   std::string park;
@@ -91,6 +93,13 @@ class record_tx {
   /// when the lease ends), if it has a handler.
   void take_lease(const request_id& id, std::string_view new_owner, int attempts,
                   const lease_terms& terms, std::optional<std::int64_t> next_attempt_in_us = {});
+  /// The attempt's call downstream has an unknown outcome: it may still land
+  /// until `backoff_us` after the lease ends (record::in_doubt_until_us; a
+  /// later time already there stays; next_attempt_us, if set, moves there
+  /// too). Fenced like finish(). With an empty `owner` (the attempt lost its
+  /// lease to another): `backoff_us` from now, unfenced, on an unfinished
+  /// record, and next_attempt_us is left to the lease's holder.
+  bool mark_in_doubt(const request_id& id, std::string_view owner, std::int64_t backoff_us);
   /// Records a terminal state and its response, releasing the lease. Fenced:
   /// returns false, changing nothing, when `owner` no longer holds the lease.
   /// May travel with the commit() that follows; a failed fence then makes
