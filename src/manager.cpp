@@ -129,6 +129,7 @@ void validate(const config& c) {
   check(c.parked_retry_after, "parked_retry_after");
   check(c.retry_backoff_base, "retry_backoff_base");
   check(c.retry_backoff_max, "retry_backoff_max");
+  check(c.in_doubt_window, "in_doubt_window");
   if (c.retry_backoff_max < c.retry_backoff_base) {
     throw config_error("retry_backoff_max must not be shorter than retry_backoff_base");
   }
@@ -164,7 +165,7 @@ void validate(const config& c) {
 }
 
 lease_terms detail::terms_of(const config& c) {
-  return {micros(c.lease), micros(c.retry_window), micros(c.retention)};
+  return {micros(c.lease), micros(c.retry_window), micros(c.retention), micros(c.in_doubt_window)};
 }
 
 std::chrono::milliseconds retry_backoff(int attempts, std::chrono::milliseconds base,
@@ -220,13 +221,23 @@ void release_quietly(store& s, const request_id& id, std::string_view owner, std
 /// row, the next attempt would write it down as `abandoned`. Same caveat as
 /// release_quietly: no transaction of this store may be held.
 void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owner,
-                           std::string_view why, std::string_view runner, std::int64_t backoff_us,
-                           std::string_view step = {}) noexcept {
+                           std::string_view why, std::string_view runner, std::int64_t window_us,
+                           std::int64_t backoff_us, std::string_view step = {}) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
-    const bool ours = t->add_history_fenced(id, owner, "in_doubt", why, runner, step);
+    // Under the record's lock (found in review: on MariaDB's READ COMMITTED
+    // the fenced INSERT ... SELECT of the history row locks nothing, so a
+    // take-over could commit between it and the fenced mark, and neither
+    // the row nor the mark was left).
+    const std::optional<record> r = t->lock(id);
+    if (!r || is_terminal(r->state)) {
+      t->rollback();
+      return;
+    }
+    const bool ours = r->state == record_state::in_progress && r->lease_owner == owner;
+    if (ours) t->add_history(id, "in_doubt", why, runner, step);
     // When the lease is another's now, the unfenced mark (from now).
-    if (t->mark_in_doubt(id, ours ? owner : std::string_view(), backoff_us)) {
+    if (t->mark_in_doubt(id, ours ? owner : std::string_view(), window_us, backoff_us)) {
       t->commit();
     } else {
       t->rollback();
@@ -240,10 +251,10 @@ void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owne
 /// Best-effort, in a transaction of its own: an attempt whose call is in
 /// doubt lost its lease before it could record so; its call may still land
 /// (record_tx::mark_in_doubt, unfenced). Same caveat as release_quietly.
-void mark_in_doubt_quietly(store& s, const request_id& id, std::int64_t backoff_us) noexcept {
+void mark_in_doubt_quietly(store& s, const request_id& id, std::int64_t window_us) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
-    if (t->mark_in_doubt(id, "", backoff_us)) {
+    if (t->mark_in_doubt(id, "", window_us, 0)) {
       t->commit();
     } else {
       t->rollback();
@@ -273,7 +284,7 @@ bool hold_until(detail::record_tx& t, const request_id& id, std::string_view own
   // And nobody parks, resolves or cancels it before then, whatever happens
   // to the record meanwhile (found in review: a later attempt that failed
   // safely, or a record without a handler, had no such time).
-  return t.mark_in_doubt(id, owner, backoff_us);
+  return t.mark_in_doubt(id, owner, terms.in_doubt_window_us, backoff_us);
 }
 
 /// Under transaction 1's lock: parks a record whose budget is spent, commits,
@@ -322,7 +333,7 @@ void park_and_alert(const store& s, std::unique_ptr<detail::record_tx>& t, const
             "outcome is unknown); ask the downstream service before resolving";
   const std::string why = std::string(reason) + " after " + std::to_string(r.attempts) +
                           " attempts; last error: " + last_error;
-  t->park(id, why, runner);
+  t->park(id, why, runner, {}, micros(c.in_doubt_window));
   parked_event event{id.scope, id.key, r.attempts, std::string(reason), last_error, false};
   try {
     t->commit();
@@ -401,8 +412,8 @@ void record_after_rpc(const after_rpc& w,
     if (!rpc_in_doubt) {
       release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
     } else {
-      note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner, w.backoff_us,
-                            w.a.step());
+      note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner,
+                            micros(w.c.in_doubt_window), w.backoff_us, w.a.step());
     }
   };
   const std::string where = "scope " + w.id.scope + " key " + w.id.key;
@@ -445,7 +456,7 @@ void record_after_rpc(const after_rpc& w,
       // attempt's call is in doubt it may still land: say so all the same
       // (found in review: a record slow to record its hold lost the mark,
       // and could be parked and resolved while the call could land).
-      if (rpc_in_doubt) mark_in_doubt_quietly(w.s, w.id, w.backoff_us);
+      if (rpc_in_doubt) mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window));
       log(log_level::warning, where + ": lease lost before recording; attempt " +
                                   std::to_string(w.a.number()) + " not recorded");
       throw;
@@ -678,8 +689,13 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           terms.retention_us = locked->retention_us;
         }
         // An attempt whose lease ran out under it: it crashed, stalled past
-        // its lease, or was held in doubt (then it has a history row).
-        if (locked->state == record_state::in_progress) t->add_abandoned(id);
+        // its lease, or was held in doubt (then it has a history row). Its
+        // call may still land, whatever the later attempts do (found in
+        // review: a crash left no in_doubt_until_us).
+        if (locked->state == record_state::in_progress) {
+          t->add_abandoned(id);
+          t->mark_in_doubt(id, "", terms.in_doubt_window_us, 0);
+        }
         // Expired lease or retryable: a retry, unless the budget is spent.
         const bool no_attempts =
             locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
@@ -696,7 +712,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         // in progress whose next_attempt_us is still ahead) holds for them.
         const bool held_in_doubt =
             locked->in_doubt_until_us > locked->db_now_us ||
-            (locked->in_doubt_until_us == 0 && ctx.runner != runner_completer &&
+            (locked->in_doubt_until_us <= locked->db_now_us && ctx.runner != runner_completer &&
              locked->state == record_state::in_progress &&
              locked->next_attempt_us > locked->db_now_us);
         if (no_attempts || no_window) {
@@ -765,6 +781,11 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         }
         if (unreadable && held_in_doubt) {
           t->rollback();  // left as it is (above); the unreadable answer follows
+          // Not sooner than a parking could be decided (found in review).
+          unreadable->retry_after =
+              std::chrono::ceil<std::chrono::milliseconds>(std::chrono::microseconds(
+                  std::max(locked->in_doubt_until_us, locked->next_attempt_us) -
+                  locked->db_now_us));
         } else if (unreadable) {
           t->take_lease(id, owner, locked->attempts, terms);
           t->release(id, owner, reason_of(*unreadable), backoff_us(locked->attempts), ctx.runner);
@@ -1010,7 +1031,7 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
             if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
               return false;
             }
-            t.park(f.id, parked_why, f.ctx.runner, s.name);
+            t.park(f.id, parked_why, f.ctx.runner, s.name, f.terms.in_doubt_window_us);
             return true;
           });
     } catch (const storage_error& e) {

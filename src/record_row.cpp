@@ -124,7 +124,8 @@ record record_from_row(const sql_row& row, bool full) {
   out.recorded.body = text_or_empty(v[7]);
   out.db_now_us = int_or_zero(v.at(8));
   if (full) {
-    out.pre_state = text_or_empty(v.at(9));
+    out.in_doubt_until_us = int_or_zero(v.at(21));
+    out.pre_state = text_or_empty(v[9]);
     out.recovery_point = text_or_empty(v[10]);
     out.last_error = text_or_empty(v[11]);
     out.created_us = int_or_zero(v[12]);
@@ -136,7 +137,6 @@ record record_from_row(const sql_row& row, bool full) {
     out.handler_version = static_cast<int>(int_or_zero(v[18]));
     out.next_attempt_us = int_or_zero(v[19]);
     out.retention_us = int_or_zero(v[20]);
-    out.in_doubt_until_us = int_or_zero(v.at(21));
   }
   return out;
 }

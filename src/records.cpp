@@ -104,24 +104,26 @@ record_sql::record_sql(const sql_dialect& d) {
                " + ?, next_attempt_us = " + if_handler +
                " + ? END, attempts = ?, updated_us = " + now + " WHERE scope = ? AND idem_key = ?";
   // The later of the time already there and this attempt's lease end plus
-  // a backoff (the same figure each time): a NULL compares as unknown, so
-  // the ELSE sets it. next_attempt_us, when the record has one, moves there
-  // too: the completer would only meet 409 before it (found in review).
-  const std::string until = "lease_expires_us + ?";
-  mark_in_doubt = "UPDATE orpheus_records SET in_doubt_until_us = CASE WHEN in_doubt_until_us > " +
-                  until + " THEN in_doubt_until_us ELSE " + until +
-                  " END, next_attempt_us = CASE WHEN next_attempt_us IS NULL THEN NULL WHEN "
-                  "next_attempt_us > " +
-                  until + " THEN next_attempt_us ELSE " + until + " END, updated_us = " + now +
-                  fence();
+  // the window (each figure given twice): a NULL compares as unknown, so the
+  // ELSE sets it. next_attempt_us, when the record has one, the same with
+  // the backoff.
+  const auto later = [](const std::string& column, const std::string& than) {
+    return column + " = CASE WHEN " + column + " > " + than + " THEN " + column + " ELSE " + than +
+           " END";
+  };
+  mark_in_doubt = "UPDATE orpheus_records SET " +
+                  later("in_doubt_until_us", "lease_expires_us + ?") +
+                  ", next_attempt_us = CASE WHEN next_attempt_us IS NULL THEN NULL WHEN "
+                  "next_attempt_us > lease_expires_us + ? THEN next_attempt_us ELSE "
+                  "lease_expires_us + ? END, updated_us = " +
+                  now + fence();
   // The same from now, for an attempt that lost its lease before it could
   // say its call was in doubt (another attempt took over meanwhile): it only
   // ever moves the time later, on any unfinished record.
   mark_in_doubt_unfenced =
-      "UPDATE orpheus_records SET in_doubt_until_us = CASE WHEN in_doubt_until_us > " + now +
-      " + ? THEN in_doubt_until_us ELSE " + now +
-      " + ? END WHERE scope = ? AND idem_key = ? AND state <> " + number(record_state::succeeded) +
-      " AND state <> " + number(record_state::failed);
+      "UPDATE orpheus_records SET " + later("in_doubt_until_us", now + " + ?") +
+      ", updated_us = " + now + " WHERE scope = ? AND idem_key = ? AND state <> " +
+      number(record_state::succeeded) + " AND state <> " + number(record_state::failed);
   finish =
       "UPDATE orpheus_records SET state = ?, status = ?, headers = ?, body = ?, last_error = ?, "
       "lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, expires_us = " +
@@ -130,7 +132,15 @@ record_sql::record_sql(const sql_dialect& d) {
             ", lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = " + if_handler +
             " + ? END, last_error = ?, updated_us = " + now + fence();
   const std::string parked = number(record_state::parked);
-  park = "UPDATE orpheus_records SET state = " + parked +
+  // in_doubt_until_us first: MySQL reads the columns a SET list assigned
+  // earlier at their new values (state, lease_expires_us), SQLite at their
+  // old ones. A record parked in progress: its last attempt did not finish,
+  // and its call may still land (found in review: a mark that could not be
+  // written, or a crash, left none).
+  park = "UPDATE orpheus_records SET in_doubt_until_us = CASE WHEN state = " + in_progress +
+         " AND lease_expires_us IS NOT NULL AND (in_doubt_until_us IS NULL OR in_doubt_until_us < "
+         "lease_expires_us + ?) THEN lease_expires_us + ? ELSE in_doubt_until_us END, state = " +
+         parked +
          ", lease_owner = NULL, lease_expires_us = NULL, next_attempt_us = NULL, last_error = ?, "
          "updated_us = " +
          now + " WHERE scope = ? AND idem_key = ?";
@@ -278,14 +288,14 @@ void record_tx::take_lease(const request_id& id, std::string_view owner, int att
   t_->execute_values(sql_.take_lease, p);
 }
 
-bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner,
+bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner, std::int64_t window_us,
                               std::int64_t backoff_us) {
   if (owner.empty()) {
-    const sql_value p[] = {backoff_us, backoff_us, id.scope, id.key};
+    const sql_value p[] = {window_us, window_us, id.scope, id.key};
     return t_->execute_values(sql_.mark_in_doubt_unfenced, p) == 1;
   }
-  const sql_value p[] = {backoff_us, backoff_us, backoff_us,        backoff_us,
-                         id.scope,   id.key,     std::string(owner)};
+  const sql_value p[] = {window_us, window_us, backoff_us,        backoff_us,
+                         id.scope,  id.key,    std::string(owner)};
   return t_->execute_values(sql_.mark_in_doubt, p) == 1;
 }
 
@@ -312,8 +322,8 @@ bool record_tx::release(const request_id& id, std::string_view owner, std::strin
 }
 
 void record_tx::park(const request_id& id, std::string_view why, std::string_view runner,
-                     std::string_view step) {
-  const sql_value p[] = {std::string(why), id.scope, id.key};
+                     std::string_view step, std::int64_t window_us) {
+  const sql_value p[] = {window_us, window_us, std::string(why), id.scope, id.key};
   t_->execute_values(sql_.park, p);
   add_history(id, "parked", why, runner, step);
 }

@@ -147,6 +147,13 @@ struct config {
   /// way safe to retry: retry_backoff(attempts, base, max, random).
   std::chrono::milliseconds retry_backoff_base = std::chrono::seconds{1};
   std::chrono::milliseconds retry_backoff_max = std::chrono::minutes{5};
+  /// How long after an attempt's lease a downstream call of it whose outcome
+  /// is unknown (an in-doubt answer, a timeout, an attempt that never
+  /// finished) may still land: until then a spent budget does not park the
+  /// key, and admin::resolve and admin::cancel refuse it
+  /// (record::in_doubt_until_us). Set it to how late the downstream service
+  /// can still act on a request it received.
+  std::chrono::milliseconds in_doubt_window = std::chrono::minutes{5};
   /// How long terminal records are kept (and replayed) before purge.
   std::chrono::milliseconds retention = std::chrono::hours{24 * 7};
   /// How exceptions that are not orpheus::error are classified.

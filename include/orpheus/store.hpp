@@ -76,10 +76,11 @@ struct record {
   /// it was made (process_options::retention); 0 when written before schema
   /// version 3.
   std::int64_t retention_us = 0;
-  /// Until when a call downstream whose outcome was unknown (an attempt held
-  /// in doubt) may still land, database clock: nobody parks, resolves or
-  /// cancels the record before it. 0: no attempt was in doubt (or none since
-  /// schema version 5).
+  /// Until when a call downstream whose outcome was unknown (in doubt, or an
+  /// attempt that never finished) may still land, database clock
+  /// (config::in_doubt_window): a spent budget does not park the record
+  /// before it, and admin resolve and cancel refuse it. 0: every attempt
+  /// finished with a known outcome (or none since schema version 5).
   std::int64_t in_doubt_until_us = 0;
 };
 
@@ -88,6 +89,9 @@ struct lease_terms {
   std::int64_t lease_us = 0;
   std::int64_t retry_window_us = 0;
   std::int64_t retention_us = 0;
+  /// config::in_doubt_window: how long after an attempt's lease its call may
+  /// still land downstream (record::in_doubt_until_us).
+  std::int64_t in_doubt_window_us = 0;
 };
 
 namespace detail {

@@ -1,6 +1,7 @@
 -- in_doubt_until_us: until when a call downstream whose outcome was unknown
--- (an attempt held in doubt) may still land, database clock, microseconds;
--- NULL when no attempt of the record was in doubt. Nobody parks, resolves or
--- cancels the record before it (docs/state-machine.md). The same column as
--- on MySQL.
+-- (in doubt, or an attempt that never finished) may still land, database
+-- clock, microseconds (config::in_doubt_window after it); NULL while every
+-- attempt finished with a known outcome. A spent budget does not park the
+-- record before it, and nobody resolves or cancels it
+-- (docs/operations.md). The same column as on MySQL.
 ALTER TABLE orpheus_records ADD COLUMN in_doubt_until_us INTEGER;

@@ -94,12 +94,14 @@ class record_tx {
   void take_lease(const request_id& id, std::string_view new_owner, int attempts,
                   const lease_terms& terms, std::optional<std::int64_t> next_attempt_in_us = {});
   /// The attempt's call downstream has an unknown outcome: it may still land
-  /// until `backoff_us` after the lease ends (record::in_doubt_until_us; a
-  /// later time already there stays; next_attempt_us, if set, moves there
-  /// too). Fenced like finish(). With an empty `owner` (the attempt lost its
-  /// lease to another): `backoff_us` from now, unfenced, on an unfinished
+  /// until `window_us` after the lease ends (record::in_doubt_until_us; a
+  /// later time already there stays), and a completer tries it again no
+  /// sooner than `backoff_us` after the lease ends (next_attempt_us, if
+  /// set). Fenced like finish(). With an empty `owner` (the attempt lost its
+  /// lease to another): `window_us` from now, unfenced, on an unfinished
   /// record, and next_attempt_us is left to the lease's holder.
-  bool mark_in_doubt(const request_id& id, std::string_view owner, std::int64_t backoff_us);
+  bool mark_in_doubt(const request_id& id, std::string_view owner, std::int64_t window_us,
+                     std::int64_t backoff_us);
   /// Records a terminal state and its response, releasing the lease. Fenced:
   /// returns false, changing nothing, when `owner` no longer holds the lease.
   /// May travel with the commit() that follows; a failed fence then makes
@@ -112,9 +114,11 @@ class record_tx {
                std::int64_t retry_in_us = 0, std::string_view runner = "client",
                std::string_view step = {});
   /// Under lock(): parks the record (no lease), with `why` as its last error
-  /// and a history row `parked`.
+  /// and a history row `parked`. A record in progress (its last attempt did
+  /// not finish, and its call may still land) keeps in_doubt_until_us at
+  /// least `window_us` after its lease's end.
   void park(const request_id& id, std::string_view why, std::string_view runner = "client",
-            std::string_view step = {});
+            std::string_view step = {}, std::int64_t window_us = 0);
   /// Adds a history row for the record's current attempt (orpheus_attempts),
   /// with its outcome and who wrote it (see history_entry, orpheus/admin.hpp).
   void add_history(const request_id& id, std::string_view outcome, std::string_view error,
