@@ -281,9 +281,10 @@ bool hold_until(detail::record_tx& t, const request_id& id, std::string_view own
   // A completer waits a backoff beyond the hold: the call may still be
   // running downstream when our side of it timed out (found in review).
   t.take_lease(id, owner, r->attempts, held, held.lease_us + backoff_us);
-  // And nobody parks, resolves or cancels it before then, whatever happens
-  // to the record meanwhile (found in review: a later attempt that failed
-  // safely, or a record without a handler, had no such time).
+  // And until its window ends a spent budget does not park it, nor does a
+  // person resolve or cancel it, whatever happens to the record meanwhile
+  // (found in review: a later attempt that failed safely, or a record
+  // without a handler, had no such time).
   return t.mark_in_doubt(id, owner, terms.in_doubt_window_us, backoff_us);
 }
 
@@ -701,8 +702,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
             locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
         const bool no_window = locked->db_now_us >= locked->retry_until_us;
         // A call downstream whose outcome was unknown may still land
-        // (record::in_doubt_until_us). Nobody parks the record meanwhile,
-        // nor makes it retryable for want of a readable Pre-RPC result
+        // (record::in_doubt_until_us). A spent budget does not park the
+        // record meanwhile, nor is it made retryable for want of a readable
+        // Pre-RPC result
         // (found in review: either let it be resolved by hand while the
         // call could still land; first for a client's retry, then for a
         // record without a handler, or one whose in-doubt attempt was
@@ -712,8 +714,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         // in progress whose next_attempt_us is still ahead) holds for them.
         const bool held_in_doubt =
             locked->in_doubt_until_us > locked->db_now_us ||
-            (locked->in_doubt_until_us <= locked->db_now_us && ctx.runner != runner_completer &&
-             locked->state == record_state::in_progress &&
+            (ctx.runner != runner_completer && locked->state == record_state::in_progress &&
              locked->next_attempt_us > locked->db_now_us);
         if (no_attempts || no_window) {
           if (held_in_doubt) {
