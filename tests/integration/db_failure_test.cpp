@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
@@ -387,6 +388,18 @@ mysql_options frozen_test_options(int port) {
   return o;
 }
 
+/// How long a fast-path read took to fail on a frozen server, and its error.
+std::pair<ms, std::string> failing_read(mysql_store& s, const request_id& rid) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    (void)s.inspect(rid);
+    ADD_FAILURE() << "a frozen server answered a read";
+    return {since(start), ""};
+  } catch (const storage_error& e) {
+    return {since(start), e.what()};
+  }
+}
+
 /// Thawed, the same store serves again, on new connections.
 void expect_serves_again(mysql_store& s) {
   bool served = false;
@@ -427,7 +440,7 @@ TEST_F(DbFailure, AFrozenServerCostsABorrowOnePingNotOnePerIdleConnection) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // all idle past ping_after_idle
 
   frozen_server frozen(dir_);
-  auto start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   std::string tx_error;
   try {
     auto t = s.begin_on_shard(0);
@@ -446,15 +459,7 @@ TEST_F(DbFailure, AFrozenServerCostsABorrowOnePingNotOnePerIdleConnection) {
   // The read pool's idle connection is as old as the failed ping: dropped
   // unpinged. What is left is connecting, within connect_timeout here; a
   // ping alone would be read_timeout.
-  start = std::chrono::steady_clock::now();
-  std::string read_error;
-  try {
-    (void)s.inspect(rid);
-    ADD_FAILURE() << "a frozen server answered a read";
-  } catch (const storage_error& e) {
-    read_error = e.what();
-  }
-  const ms read_took = since(start);
+  const auto [read_took, read_error] = failing_read(s, rid);
   EXPECT_LT(read_took, ms(o.read_timeout));
   std::cout << "frozen server: the transaction failed after " << tx_took.count() << " ms ("
             << tx_error << "), the read after " << read_took.count() << " ms (" << read_error
@@ -478,7 +483,7 @@ TEST_F(DbFailure, AStatementThatTimesOutOnAFrozenServerCostsTheNextReadNoPing) {
   t->query("SELECT 1");  // a live connection, in a transaction
 
   frozen_server frozen(dir_);
-  auto start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   try {
     t->query("SELECT 1");
     ADD_FAILURE() << "a frozen server answered";
@@ -488,15 +493,7 @@ TEST_F(DbFailure, AStatementThatTimesOutOnAFrozenServerCostsTheNextReadNoPing) {
   t.reset();  // the lost link goes back to the pool
   const ms statement_took = since(start);
 
-  start = std::chrono::steady_clock::now();
-  std::string read_error;
-  try {
-    (void)s.inspect(rid);
-    ADD_FAILURE() << "a frozen server answered a read";
-  } catch (const storage_error& e) {
-    read_error = e.what();
-  }
-  const ms read_took = since(start);
+  const auto [read_took, read_error] = failing_read(s, rid);
   EXPECT_LT(read_took, ms(o.read_timeout));
   std::cout << "frozen server: the statement failed after " << statement_took.count()
             << " ms, the read after " << read_took.count() << " ms (" << read_error << ")\n";
