@@ -50,7 +50,8 @@ std::optional<record_report> admin::show(std::string_view scope, std::string_vie
   if (!rec) return std::nullopt;
   record_report out{store_.shard_of(id), std::move(*rec), {}};
   const sql_value p[] = {id.scope, id.key, out.rec.created_us};
-  for (const auto& row : store_.backend().read(out.shard, store_.statements().history, p)) {
+  for (const auto& row :
+       store_.backend_for_records(out.shard).read(out.shard, store_.statements().history, p)) {
     const auto& v = row.values;
     out.history.push_back({static_cast<int>(detail::int_or_zero(v.at(0))),
                            detail::int_or_zero(v.at(1)), detail::text_or_empty(v.at(2)),
@@ -72,7 +73,7 @@ std::vector<record_summary> admin::list(record_state state, std::chrono::millise
         std::int64_t{static_cast<int>(state)},
         std::chrono::duration_cast<std::chrono::microseconds>(older_than).count(),
         static_cast<std::int64_t>(limit)};
-    for (const auto& row : store_.backend().read(s, store_.statements().list, p)) {
+    for (const auto& row : store_.backend_for_records(s).read(s, store_.statements().list, p)) {
       const auto& v = row.values;
       record_summary r;
       r.shard = s;
@@ -98,7 +99,8 @@ std::vector<shard_stats> admin::stats() {
   std::vector<shard_stats> out;
   for (std::size_t s = 0; s < store_.shard_count(); ++s) {
     shard_stats st{.shard = s};
-    for (const auto& row : store_.backend().read(s, store_.statements().count_by_state, {})) {
+    for (const auto& row :
+         store_.backend_for_records(s).read(s, store_.statements().count_by_state, {})) {
       const std::int64_t n = detail::int_or_zero(row.values.at(1));
       switch (static_cast<record_state>(detail::int_or_zero(row.values.at(0)))) {
         case record_state::in_progress:

@@ -25,7 +25,7 @@ struct claimed {
 bool recorded_final(store& s, const request_id& id) {
   try {
     const auto r = s.inspect(id);
-    return r && (r->state == record_state::succeeded || r->state == record_state::failed);
+    return r && is_terminal(r->state);
   } catch (const std::exception&) {
     return false;
   }
@@ -38,7 +38,7 @@ bool recorded_final(store& s, const request_id& id) {
 std::optional<claimed> claim_one(store& s, std::size_t shard, const std::string& sql,
                                  const std::vector<std::pair<std::string, int>>& handlers,
                                  std::int64_t hold_us) {
-  auto t = s.backend().begin(shard);
+  auto t = s.backend_for_records(shard).begin(shard);
   std::vector<sql_value> p;
   for (const auto& [name, version] : handlers) {
     p.emplace_back(name);

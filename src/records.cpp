@@ -403,11 +403,13 @@ bool record_tx::resolve(const request_id& id, record_state s, const response& r,
 }
 
 std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id) {
-  return std::make_unique<record_tx>(s.backend().begin(s.shard_of(id)), s.statements());
+  const std::size_t shard = s.shard_of(id);
+  return std::make_unique<record_tx>(s.backend_for_records(shard).begin(shard), s.statements());
 }
 
 void transact(store& s, const request_id& id, const std::function<void(record_tx&)>& body) {
-  s.backend().transact(s.shard_of(id), [&](backend_tx& t) {
+  const std::size_t shard = s.shard_of(id);
+  s.backend_for_records(shard).transact(shard, [&](backend_tx& t) {
     record_tx r(t, s.statements());
     body(r);
   });

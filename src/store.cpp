@@ -26,6 +26,9 @@ store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backen
   if (!backend_) throw config_error("store: no backend");
   if (backend_->shard_count() == 0) throw config_error("store: the backend has no shard");
   sql_ = std::make_unique<const detail::record_sql>(backend_->dialect());
+  for (const auto& m : backend_->migrations())
+    required_version_ = std::max(required_version_, m.version);
+  schema_current_ = std::vector<std::atomic<bool>>(backend_->shard_count());
 }
 
 store::~store() = default;
@@ -38,14 +41,16 @@ std::size_t store::shard_of(const request_id& id) const {
 
 std::optional<record> store::read(const request_id& id) {
   const sql_value p[] = {id.scope, id.key};
-  const auto rows = backend_->read(shard_of(id), sql_->read_fast, p);
+  const std::size_t shard = shard_of(id);
+  const auto rows = backend_for_records(shard).read(shard, sql_->read_fast, p);
   if (rows.empty()) return std::nullopt;
   return detail::record_from_fast_row(rows.front());
 }
 
 std::optional<record> store::inspect(const request_id& id) {
   const sql_value p[] = {id.scope, id.key};
-  const auto rows = backend_->read(shard_of(id), sql_->inspect, p);
+  const std::size_t shard = shard_of(id);
+  const auto rows = backend_for_records(shard).read(shard, sql_->inspect, p);
   if (rows.empty()) return std::nullopt;
   return detail::record_from_row(rows.front(), true);
 }
@@ -87,7 +92,7 @@ std::unique_ptr<transaction> store::begin_on_shard(std::size_t shard) {
 }
 
 std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
-  auto t = begin_on_shard(shard);
+  auto t = std::make_unique<own_transaction>(backend_for_records(shard).begin(shard));
   // The records, locked, then their history and them, by key (records.cpp).
   std::vector<std::pair<std::string, std::string>> all;
   std::vector<std::pair<std::string, std::string>> with_history;
@@ -132,6 +137,22 @@ void store::migrate() {
       }
     });
   }
+}
+
+store_backend& store::backend_for_records(std::size_t shard) {
+  if (shard >= shard_count()) throw storage_error::permanent("store: no such shard");
+  std::atomic<bool>& current = schema_current_[shard];
+  if (current.load(std::memory_order_acquire)) return *backend_;
+  const int have = schema_version(shard);
+  if (have < required_version_) {
+    throw storage_error::transient(
+        "store: shard " + std::to_string(shard) + " has schema version " + std::to_string(have) +
+        ", older than the version " + std::to_string(required_version_) +
+        " this library needs: run migrate (store::migrate(), orpheusctl migrate) before "
+        "serving; until then every request is refused and nothing is written");
+  }
+  current.store(true, std::memory_order_release);
+  return *backend_;
 }
 
 int store::schema_version(std::size_t shard) {

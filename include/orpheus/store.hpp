@@ -15,6 +15,7 @@
 // the one thread that began it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "orpheus/backend.hpp"
 #include "orpheus/request.hpp"
@@ -137,14 +139,30 @@ class store {
   void migrate();
   /// The highest applied schema version of a shard (0 before any).
   int schema_version(std::size_t shard);
+  /// The schema version the record statements of this library version
+  /// need: the last migration its backend ships.
+  [[nodiscard]] int required_schema_version() const noexcept { return required_version_; }
 
+  /// The backend, for the application's own statements, migrations and
+  /// tests. The record statements go through backend_for_records().
   [[nodiscard]] store_backend& backend() noexcept { return *backend_; }
+  /// The backend, to run the record statements on `shard`. The first call
+  /// for a shard reads its schema version (then never again in this
+  /// store's life: a schema only moves forward). If it is older than
+  /// required_schema_version() (a binary deployed before `migrate`), this
+  /// throws a retryable storage_error (storage_unavailable) that names both
+  /// versions, and keeps refusing until the shard is migrated: the record
+  /// statements would name columns the schema lacks. A read that fails
+  /// throws as read() does and is tried again on the next call.
+  store_backend& backend_for_records(std::size_t shard);
   /// The record state machine's SQL in this backend's dialect.
   [[nodiscard]] const detail::record_sql& statements() const noexcept { return *sql_; }
 
  private:
   std::unique_ptr<store_backend> backend_;
   std::unique_ptr<const detail::record_sql> sql_;
+  int required_version_ = 0;
+  std::vector<std::atomic<bool>> schema_current_;  // per shard: checked, and new enough
 };
 
 }  // namespace orpheus

@@ -161,6 +161,62 @@ TEST_P(Migration, RecordsOfVersion2MoveForwardWithoutLoss) {
   EXPECT_EQ(rpcs, 1);
 }
 
+// A binary newer than its database's schema (deployed before `migrate`) used
+// to run statements naming columns the schema lacks: each failed as a
+// permanent error, and clients were told not to retry requests that had
+// changed nothing. Now each shard's schema is checked before the record
+// statements first reach it: the answer is retryable, says what to run, and
+// nothing is written; after `migrate` the same request goes through.
+TEST_P(Migration, AStoreOlderThanTheLibraryRefusesRequestsAsRetryableAndWritesNothing) {
+  const int current = store_->backend().migrations().back().version;
+  migrate_up_to(*store_, current - 1);
+  manager m(*store_, config{});
+  int pres = 0;
+  int rpcs = 0;
+  auto pay = [&] {
+    return m.process(
+        id("new"),
+        [&](tx&) {
+          ++pres;
+          return std::string("p");
+        },
+        [&](const attempt&, const std::string&) {
+          ++rpcs;
+          return std::string("ch");
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  };
+  const std::string older = "schema version " + std::to_string(current - 1);
+  for (int i = 0; i < 2; ++i) {  // the refusal is not a one-off
+    try {
+      pay();
+      ADD_FAILURE() << "a request on a schema older than the library's must be refused";
+    } catch (const error& e) {
+      EXPECT_TRUE(e.info().retryable()) << e.info().code << ": " << e.info().internal;
+      EXPECT_EQ(e.code(), codes::storage_unavailable);
+      EXPECT_NE(e.info().internal.find(older), std::string::npos) << e.info().internal;
+      EXPECT_NE(e.info().internal.find("migrate"), std::string::npos) << e.info().internal;
+    }
+  }
+  EXPECT_THROW((void)store_->read(id("new")), storage_error);
+  EXPECT_EQ(pres, 0);
+  EXPECT_EQ(rpcs, 0);
+  {
+    auto t = store_->begin_on_shard(0);  // the application's own SQL is not refused
+    EXPECT_EQ(t->query("SELECT COUNT(*) FROM orpheus_records")[0].get<std::int64_t>(0), 0);
+    t->commit();
+  }
+
+  store_->migrate();
+  EXPECT_EQ(pay().status, 201);
+  EXPECT_EQ(pres, 1);
+  EXPECT_EQ(rpcs, 1);
+  EXPECT_TRUE(pay().replayed);
+  EXPECT_EQ(rpcs, 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Migration, testing::Values("sqlite", "mysql"),
                          test::backend_name);
 

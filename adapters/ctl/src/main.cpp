@@ -229,8 +229,7 @@ std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts
 
 // Every command but migrate needs the schema this version writes.
 void check_schema(orpheus::store& s) {
-  int latest = 0;
-  for (const auto& m : s.backend().migrations()) latest = std::max(latest, m.version);
+  const int latest = s.required_schema_version();
   for (std::size_t shard = 0; shard < s.shard_count(); ++shard) {
     const int v = s.schema_version(shard);
     if (v < latest) {
