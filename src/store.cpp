@@ -123,20 +123,23 @@ std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
 }
 
 void store::migrate() {
+  for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s);
+}
+
+void store::migrate_shard(std::size_t shard) {
+  if (shard >= shard_count()) throw storage_error::permanent("store: no such shard");
   const auto migrations = backend_->migrations();
-  for (std::size_t s = 0; s < shard_count(); ++s) {
-    backend_->exclusively(s, [&](tx& t) {
-      t.execute(sql_->create_version_table);
-      const std::int64_t current = first_int(t.query(sql_->max_version));
-      // Each file is recorded as soon as it is applied: where DDL is not
-      // transactional (MySQL), a failed run resumes at the file that failed.
-      for (const auto& m : migrations) {
-        if (m.version <= current) continue;
-        for (const auto& statement : detail::split_statements(m.sql)) t.execute(statement);
-        t.execute(sql_->add_version, m.version, m.name);
-      }
-    });
-  }
+  backend_->exclusively(shard, [&](tx& t) {
+    t.execute(sql_->create_version_table);
+    const std::int64_t current = first_int(t.query(sql_->max_version));
+    // Each file is recorded as soon as it is applied: where DDL is not
+    // transactional (MySQL), a failed run resumes at the file that failed.
+    for (const auto& m : migrations) {
+      if (m.version <= current) continue;
+      for (const auto& statement : detail::split_statements(m.sql)) t.execute(statement);
+      t.execute(sql_->add_version, m.version, m.name);
+    }
+  });
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {

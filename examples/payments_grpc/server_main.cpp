@@ -71,9 +71,13 @@ int main(int argc, char** argv) {
   try {
     auto keys = orpheus::api_keys::load(api_keys_path);
     auto store = examples::payments_server::open_store(store_specs);
-    examples::payments_server::migrate_schema(*store);
+    // A shard that does not answer now is prepared later, as payments_server does.
+    auto late = examples::payments_server::prepare_shards(
+        *store, examples::payments_server::is_sqlite(store_specs));
     orpheus::manager manager(*store, cfg);
     const examples::stop_signals stop;  // before any thread starts
+    const examples::payments_server::late_shards preparing(*store, std::move(late),
+                                                           std::chrono::seconds(1));
     examples::payments_server::bank_gateway bank(orpheus::beast::parse_http_url(bank_url),
                                                  static_cast<std::size_t>(workers));
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));

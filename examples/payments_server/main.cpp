@@ -41,6 +41,9 @@ Usage: payments_server --bank URL --api-keys FILE [flags]
                         flag (or separate with commas) for several shards. A
                         shard on a Galera cluster names its nodes:
                         mysql://user:pass@host1:port1,host2:port2/db
+                        Each shard is migrated at start; one that does not
+                        answer then is migrated when it is back, and its keys
+                        are answered 503 (retry later) until then
   --bank URL            the bank, e.g. http://127.0.0.1:9000 (required); or
                         --bank inproc: charge in-process, no HTTP (a ledger
                         with the bank simulator's semantics and no faults), to
@@ -172,12 +175,14 @@ int main(int argc, char** argv) {
     std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc
     if (bank_url != "inproc") bank_endpoint = orpheus::beast::parse_http_url(bank_url);
     auto store = open_store(store_specs);
-    migrate_schema(*store);
+    // A shard that does not answer now is prepared later (late_shards, below).
+    std::vector<std::size_t> late = prepare_shards(*store, is_sqlite(store_specs));
     metrics stats(store->shard_count());  // GET /metrics: the library's series and ours
     cfg.observer = stats.library_observer();
     orpheus::manager manager(*store, cfg);  // refuses rpc_timeout >= lease
 
     const examples::stop_signals stop;  // before any thread starts
+    const late_shards preparing(*store, std::move(late), std::chrono::seconds(1));
     // Its io thread starts here, after the signals are blocked; declared
     // before the work pool, so it outlives every job that calls the bank.
     std::unique_ptr<orpheus::payment::gateway> bank;

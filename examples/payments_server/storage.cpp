@@ -1,8 +1,10 @@
 #include "storage.hpp"
 
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 
+#include "orpheus/error.hpp"
 #include "orpheus/store/sqlite.hpp"
 #if PAYMENTS_SERVER_WITH_MYSQL  // set by examples/CMakeLists.txt from ORPHEUS_WITH_MYSQL
 #include "orpheus/store/mysql.hpp"
@@ -48,15 +50,69 @@ std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts
 #endif
 }
 
-void migrate_schema(orpheus::store& store) {
-  store.migrate();
+void prepare_shard(orpheus::store& store, std::size_t shard) {
+  auto t = store.begin_on_shard(shard);
+  t->execute(
+      "CREATE TABLE IF NOT EXISTS payments (id VARCHAR(64) PRIMARY KEY, "
+      "client VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, currency CHAR(3) NOT NULL, "
+      "customer VARCHAR(64) NOT NULL, state VARCHAR(32) NOT NULL, charge_id VARCHAR(64))");
+  t->commit();
+  store.migrate_shard(shard);
+}
+
+std::vector<std::size_t> prepare_shards(orpheus::store& store, bool sqlite) {
+  std::vector<std::size_t> late;
   for (std::size_t s = 0; s < store.shard_count(); ++s) {
-    auto t = store.begin_on_shard(s);
-    t->execute(
-        "CREATE TABLE IF NOT EXISTS payments (id VARCHAR(64) PRIMARY KEY, "
-        "client VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, currency CHAR(3) NOT NULL, "
-        "customer VARCHAR(64) NOT NULL, state VARCHAR(32) NOT NULL, charge_id VARCHAR(64))");
-    t->commit();
+    try {
+      prepare_shard(store, s);
+    } catch (const orpheus::error& e) {
+      if (sqlite || !e.retryable()) throw;
+      std::cerr << "store: shard " << s << " is not ready (" << e.what()
+                << "): serving the other shards, and preparing this one when it answers"
+                << std::endl;
+      late.push_back(s);
+    }
+  }
+  return late;
+}
+
+late_shards::late_shards(orpheus::store& store, std::vector<std::size_t> shards,
+                         std::chrono::milliseconds every)
+    : store_(store), shards_(std::move(shards)), every_(every) {
+  if (!shards_.empty()) thread_ = std::jthread([this](const std::stop_token& stop) { run(stop); });
+}
+
+late_shards::~late_shards() {
+  if (thread_.joinable()) {
+    thread_.request_stop();  // wakes wait_for below
+    thread_.join();
+  }
+}
+
+void late_shards::run(const std::stop_token& stop) {
+  std::vector<std::string> last_error(shards_.size());
+  while (!shards_.empty()) {
+    {
+      std::unique_lock lock(mutex_);
+      (void)wake_.wait_for(lock, stop, every_, [] { return false; });  // a sleep stop ends
+    }
+    if (stop.stop_requested()) return;
+    for (std::size_t i = 0; i < shards_.size();) {
+      try {
+        prepare_shard(store_, shards_[i]);
+        std::cerr << "store: shard " << shards_[i] << " is ready" << std::endl;
+        shards_.erase(shards_.begin() + static_cast<std::ptrdiff_t>(i));
+        last_error.erase(last_error.begin() + static_cast<std::ptrdiff_t>(i));
+      } catch (const std::exception& e) {
+        if (last_error[i] != e.what()) {
+          last_error[i] = e.what();
+          std::cerr << "store: shard " << shards_[i] << " is still not ready: " << e.what()
+                    << std::endl;
+        }
+        ++i;
+      }
+      if (stop.stop_requested()) return;
+    }
   }
 }
 

@@ -137,6 +137,10 @@ class store {
   /// Applies the schema migrations this library version ships that a
   /// shard's schema version table does not list yet, on every shard.
   void migrate();
+  /// The same on one shard: a service may start with the shards that answer
+  /// and migrate the others when they come back (until then the record
+  /// statements refuse them: backend_for_records()).
+  void migrate_shard(std::size_t shard);
   /// The highest applied schema version of a shard (0 before any).
   int schema_version(std::size_t shard);
   /// The schema version the record statements of this library version

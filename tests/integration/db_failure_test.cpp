@@ -20,32 +20,14 @@
 #include "orpheus/manager.hpp"
 #include "support/backends.hpp"
 #include "support/forwarding_store.hpp"
+#include "support/process.hpp"
 
 namespace orpheus {
 namespace {
 
+using test::free_port;
+using test::mariadb;
 using test::random_hex;
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    throw std::runtime_error("no free port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-void mariadb(const std::string& verb, const std::filesystem::path& dir, int port = 0) {
-  std::string cmd = std::string(ORPHEUS_SOURCE_DIR "/scripts/mariadb ") + verb + " " + dir.string();
-  if (port != 0) cmd += " " + std::to_string(port);
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
 
 /// A downstream bank that counts raw charges per downstream key and answers
 /// status queries, as a real gateway does. It does not deduplicate by itself:

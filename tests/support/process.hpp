@@ -2,9 +2,12 @@
 // and servers under test that say when they listen.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -108,5 +112,30 @@ struct listening_process {
     port = static_cast<unsigned short>(std::stoi(line.substr(13)));
   }
 };
+
+/// A TCP port on loopback that nothing listens on (as the kernel found it
+/// free a moment ago).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("no free port");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// Runs `scripts/mariadb VERB DIR [PORT]`: start (a server of the test's
+/// own, database d, user u, password p), stop, kill, ...
+inline void mariadb(const std::string& verb, const std::filesystem::path& dir, int port = 0) {
+  std::string cmd = std::string(ORPHEUS_SOURCE_DIR "/scripts/mariadb ") + verb + " " + dir.string();
+  if (port != 0) cmd += " " + std::to_string(port);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
 
 }  // namespace orpheus::test
