@@ -1136,15 +1136,18 @@ std::size_t manager::purge_expired(std::size_t batch_limit) {
   // Which keys went is not known here: forget every remembered record once
   // any may have gone, also when a shard fails part way (its statement may
   // have deleted rows before failing).
-  try {
-    for (std::size_t s = 0; s < store_.shard_count(); ++s) {
+  // A shard that fails does not stop the others (found in review: with one
+  // shard down or not yet migrated, the shards after it were never purged).
+  std::exception_ptr first_failure;
+  for (std::size_t s = 0; s < store_.shard_count(); ++s) {
+    try {
       n += store_.purge_expired(s, batch_limit);
+    } catch (...) {
+      if (!first_failure) first_failure = std::current_exception();
     }
-  } catch (...) {
-    if (replay_cache_) replay_cache_->clear();
-    throw;
   }
-  if (n > 0 && replay_cache_) replay_cache_->clear();
+  if ((n > 0 || first_failure) && replay_cache_) replay_cache_->clear();
+  if (first_failure) std::rethrow_exception(first_failure);
   return n;
 }
 

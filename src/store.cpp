@@ -146,13 +146,21 @@ store_backend& store::backend_for_records(std::size_t shard) {
   if (shard >= shard_count()) throw storage_error::permanent("store: no such shard");
   std::atomic<bool>& current = schema_current_[shard];
   if (current.load(std::memory_order_acquire)) return *backend_;
-  const int have = schema_version(shard);
+  const int have = required_version_ == 0 ? 0 : schema_version(shard);
   if (have < required_version_) {
+    // Retryable, unlike other refusals of the server (docs/mysql.md): the
+    // request changed nothing, and the cure is known and on its way (a
+    // deploy that migrates); clients told not to retry would drop payments
+    // that go through once it has.
     throw storage_error::transient(
         "store: shard " + std::to_string(shard) + " has schema version " + std::to_string(have) +
         ", older than the version " + std::to_string(required_version_) +
         " this library needs: run migrate (store::migrate(), orpheusctl migrate) before "
-        "serving; until then every request is refused and nothing is written");
+        "serving; until then every request is refused and nothing is written" +
+        (have == 0 ? std::string(" (version 0: no row in orpheus_schema_version, or no SELECT "
+                                 "on it for this user; a schema applied by hand records its "
+                                 "files there, docs/schema.md)")
+                   : std::string()));
   }
   current.store(true, std::memory_order_release);
   return *backend_;

@@ -26,6 +26,10 @@ http_response find_payment(orpheus::store& store, const std::string& client,
   if (shard >= store.shard_count()) {
     return make_response(404, R"({"error":"not found"})", "application/json");
   }
+  // A shard prepared late (storage.hpp) gets its payments table before its
+  // migrations, so one the library's schema check lets through has it; until
+  // then this answers 503 (retry later), not "the table does not exist".
+  (void)store.backend_for_records(shard);
   auto t = store.begin_on_shard(shard);
   // Scoped to the caller: another client's payment is "not found".
   const auto rows = t->query(

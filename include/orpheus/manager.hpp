@@ -350,7 +350,9 @@ class manager {
                    const process_options& options = {});
 
   /// Purges one bounded batch of expired records and their history on every
-  /// shard (store::purge_expired); returns how many rows were deleted.
+  /// shard (store::purge_expired); returns how many rows were deleted. A
+  /// shard that fails (down, not migrated yet) does not stop the others:
+  /// after every shard was tried, the first failure is rethrown.
   std::size_t purge_expired(std::size_t batch_limit);
 
   [[nodiscard]] store& storage() noexcept { return store_; }

@@ -718,15 +718,28 @@ TEST_P(HttpShardDown, TheServerStartsWithTheShardsThatAnswerAndPreparesTheOthers
   const char* run = std::getenv("ORPHEUS_TEST_RUN_DIR");
   const auto db_dir =
       std::filesystem::path(run != nullptr ? run : dir_.string()) / ("late-" + test::random_hex(4));
-  const int port = test::free_port();  // nothing listens there yet: connections are refused
+  // The shard's port, held by a socket that is bound but does not listen
+  // (connections are refused) until the server starts there, so that no
+  // other test's server takes it meanwhile.
+  const int port = test::free_port();
+  const int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // not in the children
+  {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << "port " << port;
+  }
   struct server_guard {
     std::filesystem::path dir;
+    int holder;
     bool started = false;
     ~server_guard() {
-      if (started) test::mariadb("stop", dir);
+      if (holder >= 0) ::close(holder);
+      if (started) test::mariadb("stop", dir);  // nothing to stop: it says so and goes on
       std::filesystem::remove_all(dir);
     }
-  } late_server{db_dir};
+  } late_server{db_dir, holder};
   const std::string late_url = "mysql://u:p@127.0.0.1:" + std::to_string(port) + "/d";
   store_ += "," + late_url;  // shard 0 answers, shard 1 does not
   start_bank();
@@ -748,8 +761,10 @@ TEST_P(HttpShardDown, TheServerStartsWithTheShardsThatAnswerAndPreparesTheOthers
   EXPECT_EQ(nlohmann::json::parse(refused.body())["retryable"], true) << refused.body();
   EXPECT_EQ(ledger()["charges"], 1) << "the refused payment charged nothing";
 
+  ::close(late_server.holder);
+  late_server.holder = -1;
+  late_server.started = true;            // before: a start that fails part way is stopped too
   test::mariadb("start", db_dir, port);  // the shard is back, with an empty database
-  late_server.started = true;
   const auto answered = pay_until_answered(late_key, 200);
   EXPECT_EQ(answered.result_int(), 201U) << answered.body();
   EXPECT_EQ(pay(late_key, 200)["Idempotent-Replayed"], "true");

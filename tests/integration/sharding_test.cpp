@@ -125,5 +125,63 @@ TEST(Sharding, ListIsLeastRecentlyChangedFirstAcrossShards) {
   EXPECT_EQ(mine, (std::vector<std::string>{on1->key, on0->key}));
 }
 
+// Found in review: manager::purge_expired stopped at the first shard that
+// failed, so with shard 0 down or not migrated yet (the payments server now
+// serves while a shard is late) the shards after it were never purged.
+// Shard 0 here is a fresh database never migrated, shard 1 a migrated one.
+TEST(Sharding, APurgeGoesOnPastAShardThatFails) {
+  using namespace std::chrono_literals;
+  const auto urls = test::mysql_urls();
+  ASSERT_GE(urls.size(), 2U) << "ORPHEUS_TEST_MYSQL must list two MariaDB URLs";
+  const std::string db = "orpheus_purge_" + test::random_hex(6);
+  struct databases {
+    std::vector<std::unique_ptr<mysql_store>> servers;
+    std::string name;
+    ~databases() {
+      for (auto& server : servers) {
+        auto t = server->begin_on_shard(0);
+        t->execute("DROP DATABASE IF EXISTS " + name);
+        t->commit();
+      }
+    }
+  } created{{}, db};
+  mysql_options o;
+  for (std::size_t i = 0; i < 2; ++i) {
+    mysql_options one;
+    one.shards.push_back(parse_mysql_url(urls[i]));
+    created.servers.push_back(std::make_unique<mysql_store>(one));
+    auto t = created.servers.back()->begin_on_shard(0);
+    t->execute("CREATE DATABASE " + db);
+    t->commit();
+    o.shards.push_back(parse_mysql_url(urls[i]));
+    o.shards.back().database = db;
+  }
+  mysql_store s(o);
+  s.migrate_shard(1);
+  manager m(s);
+  std::optional<request_id> on1;
+  for (int i = 0; !on1; ++i) {
+    const request_id id{"purge", "k" + std::to_string(i), fingerprint_of("x")};
+    if (s.shard_of(id) == 1) on1 = id;
+  }
+  m.process(
+      *on1, [](tx&) { return 1; }, [](const attempt&, int) { return std::string("charged"); },
+      [](tx&, const attempt&, const std::string& v) {
+        return response{201, {}, v};
+      },
+      process_options{.retention = 0ms});
+  ASSERT_TRUE(s.inspect(*on1));
+  std::this_thread::sleep_for(5ms);  // past its expiry
+  try {
+    m.purge_expired(100);
+    ADD_FAILURE() << "the purge of the shard that is not migrated must fail";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shard 0 has schema version 0"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(s.inspect(*on1)) << "shard 1 was not purged because shard 0 failed";
+}
+
 }  // namespace
 }  // namespace orpheus
