@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <exception>
 #include <limits>
 #include <random>
 #include <thread>
@@ -1133,21 +1134,32 @@ response manager::complete(const request_id& id, std::string_view handler, int v
 
 std::size_t manager::purge_expired(std::size_t batch_limit) {
   std::size_t n = 0;
-  // Which keys went is not known here: forget every remembered record once
-  // any may have gone, also when a shard fails part way (its statement may
-  // have deleted rows before failing).
   // A shard that fails does not stop the others (found in review: with one
   // shard down or not yet migrated, the shards after it were never purged).
   std::exception_ptr first_failure;
   for (std::size_t s = 0; s < store_.shard_count(); ++s) {
     try {
-      n += store_.purge_expired(s, batch_limit);
-    } catch (...) {
+      n += purge_expired_on(s, batch_limit);
+    } catch (const error&) {
       if (!first_failure) first_failure = std::current_exception();
     }
   }
-  if ((n > 0 || first_failure) && replay_cache_) replay_cache_->clear();
   if (first_failure) std::rethrow_exception(first_failure);
+  return n;
+}
+
+std::size_t manager::purge_expired_on(std::size_t shard, std::size_t batch_limit) {
+  std::size_t n = 0;
+  // Which keys went is not known here: forget every remembered record once
+  // any may have gone, also when the purge fails part way (its statement may
+  // have deleted rows before failing).
+  try {
+    n = store_.purge_expired(shard, batch_limit);
+  } catch (...) {
+    if (replay_cache_) replay_cache_->clear();
+    throw;
+  }
+  if (n > 0 && replay_cache_) replay_cache_->clear();
   return n;
 }
 

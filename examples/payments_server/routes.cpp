@@ -29,6 +29,8 @@ http_response find_payment(orpheus::store& store, const std::string& client,
   // A shard prepared late (storage.hpp) gets its payments table before its
   // migrations, so one the library's schema check lets through has it; until
   // then this answers 503 (retry later), not "the table does not exist".
+  // (Unless someone else migrates it first, e.g. orpheusctl migrate: then
+  // for up to a second, until late_shards creates the table, a 500.)
   (void)store.backend_for_records(shard);
   auto t = store.begin_on_shard(shard);
   // Scoped to the caller: another client's payment is "not found".

@@ -351,9 +351,16 @@ class manager {
 
   /// Purges one bounded batch of expired records and their history on every
   /// shard (store::purge_expired); returns how many rows were deleted. A
-  /// shard that fails (down, not migrated yet) does not stop the others:
-  /// after every shard was tried, the first failure is rethrown.
+  /// shard that fails with an orpheus::error (down, not migrated yet) does
+  /// not stop the others: after every shard was tried, the first such
+  /// failure is rethrown (and the count is lost: a caller that wants both,
+  /// or each shard's failure, uses purge_expired_on()). Any other exception
+  /// is rethrown at once.
   std::size_t purge_expired(std::size_t batch_limit);
+  /// The same on one shard. Throws what store::purge_expired throws. This
+  /// manager's remembered replays (config::replay_cache_bytes) are forgotten
+  /// when rows went or the purge failed (rows may have gone).
+  std::size_t purge_expired_on(std::size_t shard, std::size_t batch_limit);
 
   [[nodiscard]] store& storage() noexcept { return store_; }
   [[nodiscard]] const config& settings() const noexcept { return config_; }

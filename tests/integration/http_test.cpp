@@ -709,41 +709,53 @@ TEST(BankSimulator, AuthoriseCaptureVoidAndALedgerThatIsSometimesDown) {
 // down. It used to migrate every shard before listening and exit when one
 // did not answer, so a shard's outage took the whole service down until the
 // shard was back (docs/chaos.md). Now it serves the shards that answer,
-// refuses the keys of the down shard as retryable (503, nothing charged) and
-// prepares that shard (the payments table, then the migrations: a fresh
-// database here) when it comes back; then its keys go through, charged once.
+// refuses the keys of the down shard as retryable (503, nothing charged),
+// purges the others (found in review: a failing shard stopped the purge of
+// the shards after it, and its count), and prepares the down shard (the
+// payments table, then the migrations: a fresh database here) when it comes
+// back; then its keys go through, charged once.
 class HttpShardDown : public Http {};
 
 TEST_P(HttpShardDown, TheServerStartsWithTheShardsThatAnswerAndPreparesTheOthersWhenBack) {
   const char* run = std::getenv("ORPHEUS_TEST_RUN_DIR");
-  const auto db_dir =
-      std::filesystem::path(run != nullptr ? run : dir_.string()) / ("late-" + test::random_hex(4));
-  // The shard's port, held by a socket that is bound but does not listen
-  // (connections are refused) until the server starts there, so that no
-  // other test's server takes it meanwhile.
-  const int port = test::free_port();
-  const int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // not in the children
-  {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << "port " << port;
-  }
   struct server_guard {
     std::filesystem::path dir;
-    int holder;
+    int holder = -1;
     bool started = false;
     ~server_guard() {
       if (holder >= 0) ::close(holder);
       if (started) test::mariadb("stop", dir);  // nothing to stop: it says so and goes on
       std::filesystem::remove_all(dir);
     }
-  } late_server{db_dir, holder};
+  } late_server{std::filesystem::path(run != nullptr ? run : dir_.string()) /
+                ("late-" + test::random_hex(4))};
+  // The shard's data directory first, on a passing port (installing it takes
+  // seconds), so that the shard's own port is free below only while its
+  // server starts.
+  late_server.started = true;  // before: a start that fails part way is stopped too
+  test::mariadb("start", late_server.dir, test::free_port());
+  test::mariadb("stop", late_server.dir);
+  late_server.started = false;
+  // The shard's port, held by a socket that is bound but does not listen
+  // (connections are refused) until the server starts there, so that no
+  // other test's server takes it meanwhile. Not inherited by the children.
+  const int port = test::free_port();
+  late_server.holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(late_server.holder, 0);
+  {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    ASSERT_EQ(::bind(late_server.holder, reinterpret_cast<sockaddr*>(&a), sizeof a), 0)
+        << "port " << port;
+  }
   const std::string late_url = "mysql://u:p@127.0.0.1:" + std::to_string(port) + "/d";
-  store_ += "," + late_url;  // shard 0 answers, shard 1 does not
+  const std::string early_url = store_;
+  store_ = late_url + "," + early_url;  // shard 0 does not answer, shard 1 does
   start_bank();
-  start_payments();
+  start_payments({"--lease-ms", "1000", "--rpc-timeout-ms", "500", "--retry-window-ms", "1000",
+                  "--retention-ms", "1500", "--purge-interval-ms", "100", "--purge-batch", "10"});
 
   const std::string scope = "client:" + client_;  // the payments server's scope of a caller
   const auto key_on = [&](std::size_t shard, const std::string& prefix) {
@@ -752,8 +764,8 @@ TEST_P(HttpShardDown, TheServerStartsWithTheShardsThatAnswerAndPreparesTheOthers
       if (shard_for(scope, k, 2) == shard) return k;
     }
   };
-  const std::string early_key = key_on(0, "early-");
-  const std::string late_key = key_on(1, "late-");
+  const std::string late_key = key_on(0, "late-");
+  const std::string early_key = key_on(1, "early-");
   EXPECT_EQ(pay(early_key, 100).result_int(), 201U);
   const auto refused = pay(late_key, 200);
   EXPECT_EQ(refused.result_int(), 503U) << refused.body();
@@ -761,10 +773,32 @@ TEST_P(HttpShardDown, TheServerStartsWithTheShardsThatAnswerAndPreparesTheOthers
   EXPECT_EQ(nlohmann::json::parse(refused.body())["retryable"], true) << refused.body();
   EXPECT_EQ(ledger()["charges"], 1) << "the refused payment charged nothing";
 
+  // Shard 1 is purged, and counted, while shard 0 fails every round.
+  mysql_options early_options;
+  early_options.shards.push_back(parse_mysql_url(early_url));
+  mysql_store early(early_options);
+  const auto records_of = [](store& st, const std::string& key) {
+    auto t = st.begin_on_shard(0);
+    const auto n = t->query("SELECT COUNT(*) FROM orpheus_records WHERE idem_key = ?", key)[0]
+                       .get<std::int64_t>(0);
+    t->commit();
+    return n;
+  };
+  bool purged = false;
+  for (int i = 0; i < 300 && !purged; ++i) {  // hang guard only: retention 1.5 s
+    purged = records_of(early, early_key) == 0;
+    if (!purged) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(purged) << "shard 1 was not purged while shard 0 was down";
+  const auto metrics = send(payments_.port, http_request{http::verb::get, "/metrics", 11}).body();
+  EXPECT_EQ(metrics.find("payments_records_purged_total 0"), std::string::npos)
+      << "the purge of shard 1 was not counted";
+  EXPECT_NE(metrics.find("payments_records_purged_total "), std::string::npos);
+
   ::close(late_server.holder);
   late_server.holder = -1;
-  late_server.started = true;            // before: a start that fails part way is stopped too
-  test::mariadb("start", db_dir, port);  // the shard is back, with an empty database
+  late_server.started = true;
+  test::mariadb("start", late_server.dir, port);  // the shard is back, with an empty database
   const auto answered = pay_until_answered(late_key, 200);
   EXPECT_EQ(answered.result_int(), 201U) << answered.body();
   EXPECT_EQ(pay(late_key, 200)["Idempotent-Replayed"], "true");
@@ -772,10 +806,11 @@ TEST_P(HttpShardDown, TheServerStartsWithTheShardsThatAnswerAndPreparesTheOthers
   EXPECT_EQ(l["charges"], 2);
   EXPECT_EQ(l["double_charges"], 0);
 
-  mysql_options o;
-  o.shards.push_back(parse_mysql_url(late_url));
-  mysql_store late(o);
+  mysql_options late_options;
+  late_options.shards.push_back(parse_mysql_url(late_url));
+  mysql_store late(late_options);
   EXPECT_EQ(late.schema_version(0), late.required_schema_version());
+  EXPECT_EQ(records_of(late, late_key), 1);
   auto t = late.begin_on_shard(0);
   EXPECT_EQ(t->query("SELECT COUNT(*) FROM payments")[0].get<std::int64_t>(0), 1);
   t->commit();
