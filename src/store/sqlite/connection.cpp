@@ -95,6 +95,13 @@ void connection::exec(const char* sql) {
   if (rc != SQLITE_OK) throw_sqlite(db_, rc, sql);
 }
 
+void connection::exec_cached(std::string_view sql) {
+  sqlite3_stmt* s = prepare(sql);
+  const int rc = sqlite3_step(s);
+  sqlite3_reset(s);
+  if (rc != SQLITE_DONE) throw_sqlite(db_, rc, sql);
+}
+
 std::string connection::query_text(const char* sql) {
   sqlite3_stmt* stmt = nullptr;
   int rc = sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr);

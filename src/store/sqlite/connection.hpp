@@ -32,6 +32,9 @@ class connection {
   [[nodiscard]] sqlite3* db() const { return db_; }
   /// Runs SQL without parameters or results (transaction control, PRAGMA).
   void exec(const char* sql);
+  /// The same through the prepared-statement cache, for one statement run
+  /// again and again (a batch member's SAVEPOINT and RELEASE): parsed once.
+  void exec_cached(std::string_view sql);
   /// The first column of the first row of `sql` as text ("" when none).
   std::string query_text(const char* sql);
   /// Runs a statement to completion with `params`; returns its rows.

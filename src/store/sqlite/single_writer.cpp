@@ -307,7 +307,7 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
 
 void single_writer::run_one(job& j) {
   try {
-    conn_->exec("SAVEPOINT orpheus_member");
+    conn_->exec_cached("SAVEPOINT orpheus_member");
   } catch (const storage_error& e) {
     j.own = e;
     return;
@@ -328,7 +328,7 @@ std::uint64_t single_writer::enter() {
     if (!batch_open_) open_batch(lock);
     const std::uint64_t batch = batch_;
     lock.unlock();
-    conn_->exec("SAVEPOINT orpheus_member");
+    conn_->exec_cached("SAVEPOINT orpheus_member");
     return batch;
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
@@ -416,7 +416,7 @@ bool single_writer::end_member(bool keep, std::optional<storage_error>& own) {
       return false;
     }
     try {
-      conn_->exec("RELEASE SAVEPOINT orpheus_member");
+      conn_->exec_cached("RELEASE SAVEPOINT orpheus_member");
       return true;
     } catch (const storage_error& e) {
       own = e;
