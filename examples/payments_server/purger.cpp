@@ -51,6 +51,9 @@ void purger::run() {
       } catch (const std::exception& e) {
         orpheus::log(orpheus::log_level::warning, "purge of shard " + std::to_string(s) +
                                                       " failed, retried next round: " + e.what());
+      } catch (...) {  // must not end the thread (std::terminate) and the server
+        orpheus::log(orpheus::log_level::warning,
+                     "purge of shard " + std::to_string(s) + " failed, retried next round");
       }
     }
     lock.lock();
