@@ -1,9 +1,9 @@
 // Deletes expired idempotency records every `every`, a bounded batch per
 // statement and a bounded number of batches per shard and round, so that the
 // records table does not grow without limit (issue 7, defect 12). A shard
-// that fails is logged and tried again next round; the others go on. stop() wakes it and
-// joins; a purge in progress finishes its batch first. Shared by the HTTP and
-// the gRPC payments servers.
+// that fails is logged and tried again next round; the others go on. stop()
+// wakes it and joins; a purge in progress finishes its batch first. Shared by
+// the HTTP and the gRPC payments servers.
 #pragma once
 
 #include <chrono>

@@ -150,14 +150,15 @@ class store {
   /// The backend, for the application's own statements, migrations and
   /// tests. The record statements go through backend_for_records().
   [[nodiscard]] store_backend& backend() noexcept { return *backend_; }
-  /// The backend, to run the record statements on `shard`. The first call
-  /// for a shard reads its schema version (then never again in this
-  /// store's life: a schema only moves forward). If it is older than
-  /// required_schema_version() (a binary deployed before `migrate`), this
-  /// throws a retryable storage_error (storage_unavailable) that names both
-  /// versions, and keeps refusing until the shard is migrated: the record
-  /// statements would name columns the schema lacks. A read that fails
-  /// throws as read() does and is tried again on the next call.
+  /// The backend, to run the record statements on `shard`. Until a shard
+  /// is found current, each call reads its schema version (at most two
+  /// reads); after that, never again in this store's life (a schema only
+  /// moves forward). If it is older than required_schema_version() (a
+  /// binary deployed before `migrate`), this throws a retryable
+  /// storage_error (storage_unavailable) that names both versions, and
+  /// keeps refusing until the shard is migrated: the record statements
+  /// would name columns the schema lacks. A read that fails throws as
+  /// read() does.
   store_backend& backend_for_records(std::size_t shard);
   /// The record state machine's SQL in this backend's dialect.
   [[nodiscard]] const detail::record_sql& statements() const noexcept { return *sql_; }
