@@ -705,10 +705,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         // A call downstream whose outcome was unknown may still land
         // (record::in_doubt_until_us). A spent budget does not park the
         // record meanwhile, nor is it made retryable for want of a readable
-        // Pre-RPC result
-        // (found in review: either let it be resolved by hand while the
-        // call could still land; first for a client's retry, then for a
-        // record without a handler, or one whose in-doubt attempt was
+        // Pre-RPC result (found in review: either let it be resolved by hand
+        // while the call could still land; first for a client's retry, then
+        // for a record without a handler, or one whose in-doubt attempt was
         // followed by one that failed safely).
         // Records held by a binary from before schema version 5 have no such
         // time: the rule of those binaries (a client's retry, an attempt

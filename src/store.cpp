@@ -83,11 +83,15 @@ class own_transaction final : public transaction {
 
 }  // namespace
 
-std::unique_ptr<transaction> store::begin_on_shard(std::size_t shard) {
+void store::check_shard(std::size_t shard) const {
   if (shard >= shard_count()) {
     throw storage_error::permanent("store: no shard " + std::to_string(shard) + " (there are " +
                                    std::to_string(shard_count()) + ")");
   }
+}
+
+std::unique_ptr<transaction> store::begin_on_shard(std::size_t shard) {
+  check_shard(shard);
   return std::make_unique<own_transaction>(backend_->begin(shard));
 }
 
@@ -127,7 +131,7 @@ void store::migrate() {
 }
 
 void store::migrate_shard(std::size_t shard) {
-  if (shard >= shard_count()) throw storage_error::permanent("store: no such shard");
+  check_shard(shard);
   const auto migrations = backend_->migrations();
   backend_->exclusively(shard, [&](tx& t) {
     t.execute(sql_->create_version_table);
@@ -143,7 +147,7 @@ void store::migrate_shard(std::size_t shard) {
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {
-  if (shard >= shard_count()) throw storage_error::permanent("store: no such shard");
+  check_shard(shard);
   std::atomic<bool>& current = schema_current_[shard];
   if (current.load(std::memory_order_acquire)) return *backend_;
   const int have = required_version_ == 0 ? 0 : schema_version(shard);
@@ -167,7 +171,7 @@ store_backend& store::backend_for_records(std::size_t shard) {
 }
 
 int store::schema_version(std::size_t shard) {
-  if (shard >= shard_count()) throw storage_error::permanent("store: no such shard");
+  check_shard(shard);
   const sql_value table[] = {std::string("orpheus_schema_version")};
   if (first_int(backend_->read(shard, sql_->count_tables, table)) == 0) return 0;
   return static_cast<int>(first_int(backend_->read(shard, sql_->max_version, {})));

@@ -90,29 +90,33 @@ late_shards::~late_shards() {
 }
 
 void late_shards::run(const std::stop_token& stop) {
-  std::vector<std::string> last_error(shards_.size());
-  while (!shards_.empty()) {
+  struct pending {
+    std::size_t shard;
+    std::string last_error;  // logged once per distinct message
+  };
+  std::vector<pending> left;
+  for (const std::size_t s : shards_) left.push_back({s, {}});
+  while (!left.empty()) {
     {
       std::unique_lock lock(mutex_);
       (void)wake_.wait_for(lock, stop, every_, [] { return false; });  // a sleep stop ends
     }
     if (stop.stop_requested()) return;
-    for (std::size_t i = 0; i < shards_.size();) {
+    std::erase_if(left, [&](pending& p) {
+      if (stop.stop_requested()) return false;
       try {
-        prepare_shard(store_, shards_[i]);
-        std::cerr << "store: shard " << shards_[i] << " is ready" << std::endl;
-        shards_.erase(shards_.begin() + static_cast<std::ptrdiff_t>(i));
-        last_error.erase(last_error.begin() + static_cast<std::ptrdiff_t>(i));
+        prepare_shard(store_, p.shard);
+        std::cerr << "store: shard " << p.shard << " is ready" << std::endl;
+        return true;
       } catch (const std::exception& e) {
-        if (last_error[i] != e.what()) {
-          last_error[i] = e.what();
-          std::cerr << "store: shard " << shards_[i] << " is still not ready: " << e.what()
+        if (p.last_error != e.what()) {
+          p.last_error = e.what();
+          std::cerr << "store: shard " << p.shard << " is still not ready: " << e.what()
                     << std::endl;
         }
-        ++i;
+        return false;
       }
-      if (stop.stop_requested()) return;
-    }
+    });
   }
 }
 

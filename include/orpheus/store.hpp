@@ -164,6 +164,9 @@ class store {
   [[nodiscard]] const detail::record_sql& statements() const noexcept { return *sql_; }
 
  private:
+  /// Throws a permanent storage_error for a shard that does not exist.
+  void check_shard(std::size_t shard) const;
+
   std::unique_ptr<store_backend> backend_;
   std::unique_ptr<const detail::record_sql> sql_;
   int required_version_ = 0;
