@@ -42,6 +42,25 @@ constexpr std::string_view runner_completer = "completer";
                   .with_retry_after(std::chrono::milliseconds(ms)));
 }
 
+// An unfinished record begun through a handler that this manager cannot
+// resume it with: another server (or its completer) can. Retryable: the
+// request is the client's own (its payload matched), and a final answer
+// could make a client give up on a payment that still goes through.
+[[noreturn]] void throw_begun_elsewhere(std::string_view handler, int version) {
+  throw error(error_info::of(error_class::conflict, codes::in_progress,
+                             "this request was begun through handler '" + std::string(handler) +
+                                 "' version " + std::to_string(version) +
+                                 ", which this server cannot resume; a server that has it, or "
+                                 "its completer, finishes it; retry later with the same key")
+                  .with_retry_after(std::chrono::seconds(1)));
+}
+
+// Thrown by run_unobserved() when the record was begun through another
+// registered handler; run() resumes it with that handler's phases.
+struct resume_with_handler {
+  std::string name;
+};
+
 [[noreturn]] void throw_parked(std::chrono::milliseconds retry_after) {
   throw error(error_info::of(error_class::unavailable, codes::request_parked,
                              "this request is parked: it did not complete within its retry "
@@ -512,6 +531,23 @@ struct manager::flow_run {
 
 response manager::run(const request_id& id, const detail::phases& p, const process_options& options,
                       const detail::run_context& ctx) {
+  try {
+    return run_observed(id, p, options, ctx);
+  } catch (const resume_with_handler& r) {
+    // The same request, begun through another handler registered here: it
+    // goes on with that handler's RPC and Post-RPC on its stored Pre-RPC
+    // result, as its completer would, and is observed once, there. Its
+    // record exists; if it is purged meanwhile, nothing new is started.
+    const registered_handler& h = handlers_.find(r.name)->second;
+    detail::run_context resumed{r.name, h.version, ctx.runner};
+    resumed.resumed = true;
+    const pre_function none = [](tx&) -> nlohmann::json { throw_in_progress(0); };
+    return h.run(*this, id, options, resumed, none);
+  }
+}
+
+response manager::run_observed(const request_id& id, const detail::phases& p,
+                               const process_options& options, const detail::run_context& ctx) {
   observer* const o = config_.observer.get();
   if (o == nullptr) return run_unobserved(id, p, options, ctx);
   // The key's shard once per call (with several shards, a SHA-256), for
@@ -524,6 +560,8 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
     outcome = r.replayed ? request_outcome::replayed : request_outcome::recorded;
     o->on_request(observed.shard, outcome);
     return r;
+  } catch (const resume_with_handler&) {
+    throw;  // not an outcome: run() goes on, and that run is observed
   } catch (...) {
     try {
       outcome = outcome_of(classify(std::current_exception(), config_.unclassified));
@@ -673,9 +711,21 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         // A record made through a registered handler is resumed only with
         // that handler's phases: another RPC on its stored Pre-RPC result
         // would be another operation under the same key (found in review).
+        // Its payload matched, so this is its client's retry, through
+        // another handler (a server that changed flows, or an older one)
+        // or plain process(): it goes on with the record's own handler when
+        // this manager has it (which refuses an older version of itself,
+        // below), as a replay of a finished record answers the record's own
+        // response. Never a 422 (found in review: a client told its payment
+        // was the wrong payload could pay again under a new key, while the
+        // completer finished the first).
         if (!locked->handler.empty() && locked->handler != ctx.handler) {
           t->commit();
-          throw_mismatch();
+          const auto own = handlers_.find(locked->handler);
+          if (ctx.runner == runner_completer || ctx.resumed || own == handlers_.end()) {
+            throw_begun_elsewhere(locked->handler, locked->handler_version);
+          }
+          throw resume_with_handler{own->first};
         }
         if (locked->state == record_state::parked) {
           t->commit();

@@ -254,6 +254,9 @@ struct run_context {
   std::string_view runner = "client";  ///< "client" or "completer", for the history
   /// The key's shard, for config::observer: found once per call by run().
   std::size_t shard = 0;
+  /// A client's retry that run() hands to the handler its record was begun
+  /// through: it is handed on no further.
+  bool resumed = false;
 };
 
 /// A front end's Pre-RPC in either of its two forms, `pre(tx&, const
@@ -436,9 +439,13 @@ class manager {
                         const pre_function& pre, const steps<PreState>& flow,
                         const process_options& options);
   const registered_handler& handler_named(std::string_view name) const;
-  /// run_unobserved(), and config::observer told how it ended.
+  /// run_observed(); a record begun through another registered handler is
+  /// handed on to that handler's phases (a client's retry through another).
   response run(const request_id& id, const detail::phases& p, const process_options& options,
                const detail::run_context& ctx);
+  /// run_unobserved(), and config::observer told how it ended.
+  response run_observed(const request_id& id, const detail::phases& p,
+                        const process_options& options, const detail::run_context& ctx);
   response run_unobserved(const request_id& id, const detail::phases& p,
                           const process_options& options, const detail::run_context& ctx);
   struct flow_run;

@@ -359,6 +359,25 @@ TEST_P(Http, ServerKilledAfterTheChargeBeforeTheRecordChargesOnce) {
   EXPECT_EQ(pay("crash-key", 4200)["Idempotent-Replayed"], "true");
 }
 
+// Found in review: a payment begun in one charge (--flow single, or an older
+// server) and retried by its client on a server that makes payments in
+// steps (the default) was answered 422 fingerprint_mismatch, final, while
+// the record waited to be finished: a client told that could pay again
+// under a new key. The retry finishes it with the handler it was begun
+// with, charged once. No completer: only the client's retry can finish it.
+TEST_P(Http, AClientsRetryOnAServerWithAnotherFlowFinishesThePaymentItBegan) {
+  start_bank({"--hold-after-charge-ms", "1000"});
+  start_payments({"--lease-ms", "2000", "--rpc-timeout-ms", "1500", "--flow", "single"});
+  ASSERT_NO_FATAL_FAILURE(kill_payments_after_the_charge("flow-key", 4400));
+
+  start_payments({"--lease-ms", "2000", "--rpc-timeout-ms", "1500", "--completer-ms", "0"});
+  const auto res = pay_until_answered("flow-key", 4400);
+  EXPECT_EQ(res.result_int(), 201U) << res.body();
+  EXPECT_EQ(ledger()["charges"], 1) << "charged twice";
+  EXPECT_EQ(ledger()["double_charges"], 0);
+  EXPECT_EQ(pay("flow-key", 4400)["Idempotent-Replayed"], "true");
+}
+
 // Issue 11: a payment abandoned by its client and its server (SIGKILLed
 // between the bank's charge and the record) used to finish only if the
 // client came back. The restarted server's completer finishes it alone,
