@@ -466,6 +466,45 @@ TEST(SqliteStore, ABatchLostUnderItsMembersFailsEveryOneOfThem) {
   EXPECT_EQ(s->writer_stats().failed_batches, 1U);
 }
 
+// Found in review: a job reads what the members before it in its batch
+// wrote, uncommitted. Here the second job fails on the first one's row
+// (UNIQUE), and then the batch is lost. The second job's failure was
+// answered as it was, final (permanent), though the row it failed on was
+// never committed; it is told to retry, as the first one is.
+TEST(SqliteStore, AJobThatFailedOnALostBatchsOwnWritesIsToldToRetry) {
+  auto s = store_with_table();
+  auto hold = s->begin_on_shard(0);  // a thread member holds the writer: the jobs queue
+  auto first = failure_of([&] { insert_as_job(*s, "x"); });
+  await_waiting(*s, 1);
+  auto second = failure_of([&] { insert_as_job(*s, "x"); });
+  await_waiting(*s, 2);
+  auto lose = std::async(std::launch::async, [&] {
+    auto t = s->backend().begin(0);  // the application's own refuses ROLLBACK
+    t->execute("ROLLBACK");          // what SQLite does on its own after an I/O error
+    t->rollback();
+  });
+  await_waiting(*s, 3);
+  hold->rollback();  // hand on: the two jobs, then the member that loses the batch
+  const auto failures = within(std::chrono::seconds(60), [&] {
+    lose.get();
+    return std::pair{first.get(), second.get()};
+  });
+  ASSERT_TRUE(failures.first) << "the first job was told its row committed";
+  EXPECT_TRUE(failures.first->retryable()) << failures.first->what();
+  ASSERT_TRUE(failures.second) << "the second job was told its row committed";
+  EXPECT_TRUE(failures.second->retryable())
+      << failures.second->what() << ": a final failure on a row that was never committed";
+  EXPECT_FALSE(failures.second->in_doubt()) << "it kept nothing, and that is known";
+  EXPECT_FALSE(row_exists(*s, "x"));
+  EXPECT_EQ(s->writer_stats().failed_batches, 1U);
+
+  // In a batch that commits, the same failure is its own, final answer.
+  insert_as_job(*s, "y");
+  const auto again = failure_of([&] { insert_as_job(*s, "y"); }).get();
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(again->retryable()) << again->what();
+}
+
 // Many threads, many keys, through the manager: every request recorded once.
 TEST(SqliteStore, SixteenThreadsOfNewKeysAllCommitThroughTheSingleWriter) {
   auto s = store_with_table();

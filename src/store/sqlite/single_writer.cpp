@@ -22,6 +22,27 @@ storage_error batch_rolled_back() {
       "sqlite: the database rolled the batch back after an error; nothing of it was committed");
 }
 
+// A job that was undone (it threw, or its statements failed) in a batch that
+// was then lost, or that did not finish in time.
+storage_error undone_in_unsure_batch() {
+  return storage_error::transient(
+      "sqlite: this transaction failed and was undone, in a batch that did not commit: what "
+      "it failed on may be another member's write that was never committed; nothing of it "
+      "was kept");
+}
+
+// Whether the failure a job ended with says its outcome is unknown.
+bool says_in_doubt(const std::exception_ptr& thrown, const std::optional<storage_error>& own) {
+  if (own) return own->in_doubt();
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const error& e) {
+    return e.in_doubt();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): any other failure is the body's own
+  }
+  return false;
+}
+
 storage_error deferred_foreign_key() {
   return storage_error::permanent(
       "sqlite: FOREIGN KEY constraint failed (a deferred foreign key this transaction left "
@@ -197,8 +218,18 @@ void single_writer::run(const std::function<void(connection&)>& body) {
   std::optional<storage_error> batch_failure;
   if (const auto f = failed_.find(j->batch); done && f != failed_.end()) batch_failure = f->second;
   lock.unlock();
-  if (j->thrown) std::rethrow_exception(j->thrown);  // undone: its own outcome
-  if (j->own) throw *j->own;
+  if (j->thrown || j->own) {  // undone: its own outcome, if its batch committed
+    // Found in review: a job reads what the members before it in the batch
+    // wrote, uncommitted. If the batch is lost (or not known to be
+    // committed), its failure may rest on writes that never existed: a
+    // UNIQUE row, funds a member before it reserved. A final answer drawn
+    // from that would be false; it kept nothing, so it is told to retry.
+    if ((!done || batch_failure) && !says_in_doubt(j->thrown, j->own)) {
+      throw undone_in_unsure_batch();
+    }
+    if (j->thrown) std::rethrow_exception(j->thrown);
+    throw *j->own;
+  }
   if (!done) {
     throw storage_error::transient(
         "sqlite: the batch holding this commit did not finish within busy_timeout",
