@@ -137,6 +137,10 @@ std::variant<identity, error_info> identify(
     if (!key) {
       return bad_request(codes::invalid_key, header + " is not a valid token or quoted string");
     }
+    // The key rule too, before the caller is asked for (found in review: a
+    // key too long or not printable was a 401 without a caller, where
+    // docs/http.md says a broken key is a 400 whoever sends it).
+    if (auto why = invalid_key_reason(*key)) return bad_request(codes::invalid_key, *why);
     who.id.key = std::move(*key);
     who.key_sent = true;
   } else if (options.key_required) {

@@ -368,6 +368,18 @@ TEST_F(Middleware, NoCallerIdentityIs401AndRunsNothing) {
   EXPECT_EQ(res.result_int(), 401U);
   EXPECT_EQ(res[http::field::www_authenticate], "Bearer");  // HTTP requires a challenge
   EXPECT_EQ(rpc, 0);
+
+  // A broken key is a 400 whoever sends it (docs/http.md). Found in review:
+  // a key that broke the key rule (here too long, then not printable) was
+  // 401 without a caller.
+  for (const std::string& bad : {std::string(300, 'k'), std::string("k\x01")}) {
+    auto no_caller = post(bad, "{}");
+    no_caller.erase("X-Client-Id");
+    const auto refused = call(mw, std::move(no_caller), &rpc);
+    EXPECT_EQ(refused.result_int(), 400U);
+    EXPECT_EQ(nlohmann::json::parse(refused.body())["code"], "invalid_key");
+  }
+  EXPECT_EQ(rpc, 0);
 }
 
 // Issue 12: callers authenticate with `Authorization: Bearer <api key>`; a
@@ -455,10 +467,27 @@ TEST_F(Middleware, RefusesAChallengeThatIsNotOneLine) {
   }
 }
 
+// Found in review: a retention in the middleware's options applied to every
+// keyed request, shorter than the retry window if so set, past validate().
+TEST_F(Middleware, RefusesARetentionOfItsOwn) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  middleware_options o;
+  o.scope = [](const http_request&) { return std::optional<std::string>("c"); };
+  o.wait.retention = std::chrono::seconds(1);
+  EXPECT_THROW(middleware(*m_, pool, std::move(o)), config_error);
+}
+
 TEST_F(Middleware, AFullQueueAnswers503RetryableAtOnce) {
   m_ = std::make_unique<manager>(*store_);
   work_pool pool(1, 1);
-  auto mw = make(pool);
+  middleware_options o;
+  o.scope = [](const http_request&) { return std::optional<std::string>("c1"); };
+  std::vector<unsigned> observed;
+  o.observe = [&](const http_request&, const http_response& res, std::chrono::microseconds) {
+    observed.push_back(res.result_int());
+  };
+  middleware mw(*m_, pool, std::move(o));
   std::latch release(1);
   std::latch started(1);
   ASSERT_TRUE(pool.try_submit([&] {
@@ -475,6 +504,28 @@ TEST_F(Middleware, AFullQueueAnswers503RetryableAtOnce) {
   EXPECT_EQ(nlohmann::json::parse(r.body())["retryable"], true);
   EXPECT_EQ(rpc, 0);
   EXPECT_FALSE(store_->read({"c1", "k-full", std::string(64, '0')}));
+  // Found in review: this answer skipped observe and the key's echo.
+  EXPECT_EQ(r["Idempotency-Key"], "k-full");
+  EXPECT_EQ(observed, std::vector<unsigned>{503U});
+}
+
+// Found in review: the media type was compared case-sensitively, so a final
+// problem sent as "Application/Problem+JSON" was taken as retryable.
+TEST(SaysFinal, ReadsTheMediaTypeInAnyCase) {
+  for (const std::string type :
+       {"application/problem+json", "Application/Problem+JSON; charset=utf-8",
+        "APPLICATION/PROBLEM+JSON"}) {
+    http_response res{http::status::internal_server_error, 11};
+    res.set(http::field::content_type, type);
+    res.body() = R"({"retryable":false})";
+    EXPECT_TRUE(says_final(res)) << type;
+  }
+  http_response other{http::status::internal_server_error, 11};
+  other.set(http::field::content_type, "application/json");
+  other.body() = R"({"retryable":false})";
+  EXPECT_FALSE(says_final(other));
+  other.set(http::field::content_type, "application/problem");
+  EXPECT_FALSE(says_final(other));
 }
 
 TEST_F(Middleware, RecordOfKeepsStatusHeadersAndBody) {

@@ -116,6 +116,15 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
         options_.www_authenticate + (has_params ? ", " : " ") + R"(error="invalid_token")";
   }
   if (options_.key_header.empty()) throw config_error("middleware: key_header is empty");
+  // Found in review: a retention here applied to every keyed request, past
+  // validate(config)'s check that records outlive the retry window (a
+  // record purged while its client may still retry runs again: a second
+  // charge), while Idempotency-Key-Retention still announced the manager's.
+  if (options_.wait.retention) {
+    throw config_error(
+        "middleware: wait.retention would apply to every request; set the manager's "
+        "config::retention instead");
+  }
   for (auto& h : options_.fingerprint_headers) {
     std::transform(h.begin(), h.end(), h.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -194,9 +203,13 @@ std::shared_ptr<middleware::pending> middleware::admit(http_request&& req,
   return p;
 }
 
-void middleware::start(std::shared_ptr<pending> p) {
-  const responder respond = p->respond;
-  submit([this, p = std::move(p)] { try_once(p); }, respond);
+void middleware::start(const std::shared_ptr<pending>& p) {
+  // Found in review: the full queue's 503 went straight to the responder,
+  // so observe never saw it and the key was not echoed, unlike the 503 of
+  // a wait that the draining pool refuses.
+  if (!pool_.try_submit([this, p] { try_once(p); })) {
+    finish(*p, error_response(overloaded(), p->key_sent ? p->id.key : std::string()));
+  }
 }
 
 // One try of process(), on a pool thread. It never waits inside process():

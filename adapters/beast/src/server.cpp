@@ -24,7 +24,15 @@ namespace http = boost::beast::http;
 using tcp = net::ip::tcp;
 
 bool says_final(const http_response& res) {
-  if (!res[http::field::content_type].starts_with("application/problem+json")) return false;
+  // Media types are case-insensitive (RFC 9110 section 8.3.1; found in
+  // review: "Application/Problem+JSON" read as not final, and was retried).
+  constexpr std::string_view problem_json = "application/problem+json";
+  const auto type = res[http::field::content_type];
+  if (type.size() < problem_json.size() ||
+      !boost::beast::iequals(type.substr(0, problem_json.size()),
+                             boost::beast::string_view(problem_json.data(), problem_json.size()))) {
+    return false;
+  }
   const auto problem = nlohmann::json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
   if (!problem.is_object()) return false;
   const auto it = problem.find("retryable");

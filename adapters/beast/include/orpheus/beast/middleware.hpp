@@ -94,7 +94,9 @@ struct middleware_options {
   /// challenge as it is.
   std::string www_authenticate = "Bearer";
   /// Wait up to wait.wait_for for a concurrent attempt instead of answering
-  /// 409 at once; the wait is a timer, not a pool thread.
+  /// 409 at once; the wait is a timer, not a pool thread. wait.retention
+  /// must stay unset (config_error): records are kept for the manager's
+  /// config::retention.
   process_options wait;
   /// JSON bodies nested deeper than this are refused with 400 before they
   /// are parsed (parsing and printing them recurses on the io thread).
@@ -188,7 +190,7 @@ class middleware {
   /// The request's pending state, or nullptr when it was answered already
   /// (refused by identify(): 400, 401).
   std::shared_ptr<pending> admit(http_request&& req, const responder& respond);
-  void start(std::shared_ptr<pending> p);
+  void start(const std::shared_ptr<pending>& p);
   void try_once(const std::shared_ptr<pending>& p);
   bool wait_again(const std::shared_ptr<pending>& p,
                   std::optional<std::chrono::milliseconds> retry_after);
@@ -214,7 +216,7 @@ void middleware::handle(http_request&& req, const responder& respond, Pre pre, R
     return manager_.try_process(
         id, [&](tx& t) { return orpheus::detail::call_pre(pre, t, r, id); }, rpc, post, o);
   };
-  start(std::move(p));
+  start(p);
 }
 
 template <class Pre>
@@ -227,7 +229,7 @@ void middleware::handle_named(std::string handler_name, http_request&& req,
     return manager_.try_process(
         name, id, [&](tx& t) { return orpheus::detail::call_pre(pre, t, r, id); }, o);
   };
-  start(std::move(p));
+  start(p);
 }
 
 template <class Handler>
@@ -248,7 +250,7 @@ void middleware::handle(http_request&& req, const responder& respond, Handler an
         },
         [](tx&, const attempt&, const response& recorded) { return recorded; }, o);
   };
-  start(std::move(p));
+  start(p);
 }
 
 }  // namespace orpheus::beast
