@@ -164,6 +164,25 @@ TEST(Payment, ARetryWhoseStatusQueryDoesNotSettleTheChargeNeverChargesAgain) {
   }
 }
 
+// Found in review: a "charged" answer without a charge id was a success with
+// an empty reference, recorded as the payment's charge. It is an unknown
+// outcome: in doubt, nothing charged again, and the retry asks again.
+TEST(Payment, ChargedWithoutAChargeIdIsAnUnknownOutcome) {
+  for (const bool is_retry : {false, true}) {
+    simulated_gateway g;
+    g.charge_answer = {gateway_status::charged, "", "bank answered 200"};
+    g.status_answer = {gateway_status::charged, "", "bank answered 200"};
+    try {
+      const std::string charge = charge_once(g, is_retry ? retry() : first(), req);
+      ADD_FAILURE() << "answered charge id '" << charge << "'";
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_TRUE(e.in_doubt()) << e.what();
+    }
+    EXPECT_EQ(g.calls.size(), 1U) << "a second call after a charge";
+  }
+}
+
 // Issue 7, defect 5: the bank does not know the charge yet (status 404) but
 // refuses the new one with 409 because the first is still running there.
 TEST(Payment, A409WhileTheFirstChargeIsInFlightIsRetryableAndInDoubt) {

@@ -601,7 +601,9 @@ void http_client::impl::give_back(endpoint_pool& pool, connection_ptr c) {
 }
 
 void http_client::impl::give_back_here(endpoint_pool& pool, connection_ptr c) noexcept {
-  // Under pool_m.
+  // Takes pool_m itself: call it without (found in review: the comment said
+  // "under pool_m", and a caller believing it would deadlock). `keep` runs
+  // under it.
   const auto keep = [&] {
     if (!c) {
       --pool.open;

@@ -71,6 +71,12 @@ gateway_status status_of_http(unsigned http_status) noexcept {
 std::string charge_id_of(const gateway_answer& answer) {
   switch (answer.status) {
     case gateway_status::charged:
+      // Found in review: "charged" with no charge id was a success with an
+      // empty reference. Charged by the gateway's word, with nothing to
+      // show for it: unknown, the key held, and a retry asks again.
+      if (answer.charge_id.empty()) {
+        unknown_outcome(codes::gateway_error, "charged, without a charge id: " + answer.detail);
+      }
       return answer.charge_id;
     case gateway_status::declined:
       refused(codes::card_declined, "the payment was declined", answer.detail);
