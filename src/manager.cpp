@@ -48,17 +48,21 @@ constexpr std::string_view runner_completer = "completer";
 // could make a client give up on a payment that still goes through.
 [[noreturn]] void throw_begun_elsewhere(std::string_view handler, int version) {
   throw error(error_info::of(error_class::conflict, codes::in_progress,
-                             "this request was begun through handler '" + std::string(handler) +
-                                 "' version " + std::to_string(version) +
-                                 ", which this server cannot resume; a server that has it, or "
-                                 "its completer, finishes it; retry later with the same key")
-                  .with_retry_after(std::chrono::seconds(1)));
+                             "this request is being finished elsewhere; retry later with the "
+                             "same key")
+                  .with_retry_after(std::chrono::seconds(1))
+                  .with_internal("begun through handler '" + std::string(handler) + "' version " +
+                                 std::to_string(version) +
+                                 ", which this server does not have; a server that has it, or "
+                                 "its completer, finishes it"));
 }
 
 // Thrown by run_unobserved() when the record was begun through another
-// registered handler; run() resumes it with that handler's phases.
+// registered handler; run() resumes it with that handler's phases, within
+// what is left of the caller's wait.
 struct resume_with_handler {
   std::string name;
+  std::chrono::milliseconds wait_left{0};
 };
 
 [[noreturn]] void throw_parked(std::chrono::milliseconds retry_after) {
@@ -541,8 +545,10 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
     const registered_handler& h = handlers_.find(r.name)->second;
     detail::run_context resumed{r.name, h.version, ctx.runner};
     resumed.resumed = true;
+    process_options rest = options;
+    rest.wait_for = r.wait_left;
     const pre_function none = [](tx&) -> nlohmann::json { throw_in_progress(0); };
-    return h.run(*this, id, options, resumed, none);
+    return h.run(*this, id, rest, resumed, none);
   }
 }
 
@@ -725,7 +731,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           if (ctx.runner == runner_completer || ctx.resumed || own == handlers_.end()) {
             throw_begun_elsewhere(locked->handler, locked->handler_version);
           }
-          throw resume_with_handler{own->first};
+          throw resume_with_handler{own->first,
+                                    std::max(0ms, std::chrono::ceil<std::chrono::milliseconds>(
+                                                      wait_until - clock::now()))};
         }
         if (locked->state == record_state::parked) {
           t->commit();

@@ -1608,6 +1608,8 @@ TEST_P(Conformance, RegisteredHandlersAreCheckedAndNamedProcessNeedsOne) {
     EXPECT_EQ(e.code(), codes::in_progress) << e.what();
     EXPECT_TRUE(e.retryable());
     EXPECT_NE(std::string(e.what()).find("'pay' version 2"), std::string::npos) << e.what();
+    EXPECT_EQ(e.info().message.find("pay"), std::string::npos)
+        << "a handler's name is internal: " << e.info().message;
     ASSERT_TRUE(e.retry_after().has_value());
   }
   try {

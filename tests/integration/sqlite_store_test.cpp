@@ -505,6 +505,54 @@ TEST(SqliteStore, AJobThatFailedOnALostBatchsOwnWritesIsToldToRetry) {
   EXPECT_FALSE(again->retryable()) << again->what();
 }
 
+// Found in review of the test above's fix: only a final answer is the store's
+// to turn into "retry". What Post-RPC threw after the RPC ran is the
+// manager's: in a lost batch it is still post_rpc_failed (in doubt when the
+// RPC was), not storage_unavailable, which would also lose its cause.
+TEST(SqliteStore, APostRpcFailureInALostBatchIsStillPostRpcFailed) {
+  auto s = store_with_table();
+  manager m(*s, config{.lease = 10s, .rpc_timeout = 5s});
+  std::promise<void> in_rpc;
+  std::promise<void> go_p;
+  std::shared_future<void> go = go_p.get_future().share();
+  auto paid = std::async(std::launch::async, [&]() -> std::optional<error> {
+    try {
+      m.process(
+          request_id{"scope", "k-post", fingerprint_of("k-post")}, [](tx&) { return 1; },
+          [&](const attempt&, int) {
+            in_rpc.set_value();
+            go.wait();
+            return std::string("ch_1");
+          },
+          [](tx&, const attempt&, const std::string&) -> response {
+            throw std::runtime_error("Post-RPC failed");
+          });
+    } catch (const error& e) {
+      return e;
+    }
+    return std::nullopt;
+  });
+  in_rpc.get_future().wait();
+  auto hold = s->begin_on_shard(0);  // a thread member holds the writer
+  go_p.set_value();
+  await_waiting(*s, 1);  // transaction 2, with Post-RPC, queues as a job
+  auto lose = std::async(std::launch::async, [&] {
+    auto t = s->backend().begin(0);
+    t->execute("ROLLBACK");
+    t->rollback();
+  });
+  await_waiting(*s, 2);
+  hold->rollback();
+  const auto failure = within(std::chrono::seconds(60), [&] {
+    lose.get();
+    return paid.get();
+  });
+  ASSERT_TRUE(failure) << "Post-RPC threw, and the payment answered";
+  EXPECT_EQ(failure->code(), codes::post_rpc_failed) << failure->what();
+  EXPECT_TRUE(failure->retryable());
+  EXPECT_EQ(s->writer_stats().failed_batches, 1U);
+}
+
 // Many threads, many keys, through the manager: every request recorded once.
 TEST(SqliteStore, SixteenThreadsOfNewKeysAllCommitThroughTheSingleWriter) {
   auto s = store_with_table();

@@ -31,14 +31,17 @@ storage_error undone_in_unsure_batch() {
       "was kept");
 }
 
-// Whether the failure a job ended with says its outcome is unknown.
-bool says_in_doubt(const std::exception_ptr& thrown, const std::optional<storage_error>& own) {
-  if (own) return own->in_doubt();
+// Whether the failure a job ended with is a final answer (an orpheus::error
+// that is not retryable). Retryable and in-doubt ones already say "retry",
+// and any other exception is the caller's own business (the manager's
+// Post-RPC failure, which carries whether the RPC ran).
+bool is_final_answer(const std::exception_ptr& thrown, const std::optional<storage_error>& own) {
+  if (own) return !own->retryable();
   try {
     std::rethrow_exception(thrown);
   } catch (const error& e) {
-    return e.in_doubt();
-  } catch (...) {  // NOLINT(bugprone-empty-catch): any other failure is the body's own
+    return !e.retryable();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): not an answer of the store's to change
   }
   return false;
 }
@@ -221,10 +224,10 @@ void single_writer::run(const std::function<void(connection&)>& body) {
   if (j->thrown || j->own) {  // undone: its own outcome, if its batch committed
     // Found in review: a job reads what the members before it in the batch
     // wrote, uncommitted. If the batch is lost (or not known to be
-    // committed), its failure may rest on writes that never existed: a
+    // committed), a final failure may rest on writes that never existed: a
     // UNIQUE row, funds a member before it reserved. A final answer drawn
     // from that would be false; it kept nothing, so it is told to retry.
-    if ((!done || batch_failure) && !says_in_doubt(j->thrown, j->own)) {
+    if ((!done || batch_failure) && is_final_answer(j->thrown, j->own)) {
       throw undone_in_unsure_batch();
     }
     if (j->thrown) std::rethrow_exception(j->thrown);
