@@ -542,8 +542,9 @@ response manager::run(const request_id& id, const detail::phases& p, const proce
     // goes on with that handler's RPC and Post-RPC on its stored Pre-RPC
     // result, as its completer would, and is observed once, there. Its
     // record exists; if it is purged meanwhile, nothing new is started.
-    const registered_handler& h = handlers_.find(r.name)->second;
-    detail::run_context resumed{r.name, h.version, ctx.runner};
+    const auto own = handlers_.find(r.name);  // registered: run_unobserved() found it
+    const registered_handler& h = own->second;
+    detail::run_context resumed{own->first, h.version, ctx.runner};
     resumed.resumed = true;
     process_options rest = options;
     rest.wait_for = r.wait_left;

@@ -74,10 +74,12 @@ struct identity {
 
 /// The request's identity, or the error to answer with instead, checked in
 /// this order: the key header's value (nullopt: no such header) must read as
-/// a key (key_of_header_value(), 400 invalid_key); a missing key where one is
+/// a key (key_of_header_value()) that keeps the key rule
+/// (invalid_key_reason()), else 400 invalid_key; a missing key where one is
 /// required is 400 missing_key; a JSON body nested deeper than allowed is 400
-/// invalid_request; `scope` is asked last (nullopt: 401 unauthenticated);
-/// then the key rule (validate(), 400). Touches no database.
+/// invalid_request; `scope` is asked last (nullopt: 401 unauthenticated),
+/// then its rule (invalid_scope_reason(), 400 invalid_scope). The identity
+/// passes validate(). Touches no database.
 [[nodiscard]] std::variant<identity, error_info> identify(
     const request_text& r, std::optional<std::string_view> key_header_value,
     const std::function<std::optional<std::string>()>& scope, const identify_options& options);

@@ -180,6 +180,18 @@ std::future<std::optional<storage_error>> failure_of(std::function<void()> f) {
   });
 }
 
+// A thread member that waits its turn for the writer, then ends the batch as
+// SQLite does on its own after an I/O error: ROLLBACK of the outer
+// transaction (the application's own transaction refuses ROLLBACK; the
+// backend's does not).
+std::future<void> a_member_that_loses_the_batch(sqlite_store& s) {
+  return std::async(std::launch::async, [&s] {
+    auto t = s.backend().begin(0);
+    t->execute("ROLLBACK");
+    t->rollback();
+  });
+}
+
 // Issue 8 (jobs): jobs queued together share the writer's batch; one that
 // throws is undone alone and its caller gets what it threw; the others'
 // rows commit.
@@ -478,11 +490,7 @@ TEST(SqliteStore, AJobThatFailedOnALostBatchsOwnWritesIsToldToRetry) {
   await_waiting(*s, 1);
   auto second = failure_of([&] { insert_as_job(*s, "x"); });
   await_waiting(*s, 2);
-  auto lose = std::async(std::launch::async, [&] {
-    auto t = s->backend().begin(0);  // the application's own refuses ROLLBACK
-    t->execute("ROLLBACK");          // what SQLite does on its own after an I/O error
-    t->rollback();
-  });
+  auto lose = a_member_that_loses_the_batch(*s);
   await_waiting(*s, 3);
   hold->rollback();  // hand on: the two jobs, then the member that loses the batch
   const auto failures = within(std::chrono::seconds(60), [&] {
@@ -536,11 +544,7 @@ TEST(SqliteStore, APostRpcFailureInALostBatchIsStillPostRpcFailed) {
   auto hold = s->begin_on_shard(0);  // a thread member holds the writer
   go_p.set_value();
   await_waiting(*s, 1);  // transaction 2, with Post-RPC, queues as a job
-  auto lose = std::async(std::launch::async, [&] {
-    auto t = s->backend().begin(0);
-    t->execute("ROLLBACK");
-    t->rollback();
-  });
+  auto lose = a_member_that_loses_the_batch(*s);
   await_waiting(*s, 2);
   hold->rollback();
   const auto failure = within(std::chrono::seconds(60), [&] {
@@ -653,11 +657,7 @@ TEST(SqliteStore, ADecisionReadFromALostBatchIsNotAnswered) {
     }
   });
   await_waiting(f.s, 2);  // B saw the expired lease and queues
-  auto d = std::async(std::launch::async, [&] {
-    auto t = f.s.backend().begin(0);  // the application's own refuses ROLLBACK
-    t->execute("ROLLBACK");           // SQLite ends the batch on its own
-    t->rollback();
-  });
+  auto d = a_member_that_loses_the_batch(f.s);
   await_waiting(f.s, 3);
   h->rollback();  // hand on: A -> B -> D in one batch
   const auto rb = within(std::chrono::seconds(60), [&] {

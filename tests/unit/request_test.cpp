@@ -257,6 +257,7 @@ TEST(Identify, GivesTheRequestIdOrTheAnswerInTheDocumentedOrder) {
             "401 unauthenticated");
   EXPECT_EQ(code_of(identify(json_post("{}"), std::string(256, 'k'), counted, rules)),
             "400 invalid_key");
+  EXPECT_EQ(asked, 0) << "the caller's identity was asked for a key that breaks the key rule";
   EXPECT_EQ(code_of(identify(json_post("{}"), "k", caller(std::string(256, 's')), rules)),
             "400 invalid_scope");
   const auto refused =
