@@ -425,6 +425,56 @@ TEST(SqliteStore, MembersOfABatchCommittedByExclusivelyAreWokenBeforeItsWork) {
   });
 }
 
+// Found in review: a failed batch's outcome was kept in a map of the last
+// 4,096 failures, so a member the scheduler put off past 4,096 more failed
+// batches (a failing disk fails them fast) read "committed", and its caller
+// would have gone on to the payment with no lease kept. The outcome now
+// travels with the gate the member holds.
+TEST(SqliteStore, AMemberWokenAfterThousandsOfFailedBatchesStillHearsItsOwnFailed) {
+  sqlite_detail::single_writer w(sqlite_options{.path = fresh_path(),
+                                                .busy_timeout = std::chrono::minutes(2),
+                                                .max_batch_age = std::chrono::minutes(10)});
+  w.exclusively([](sqlite_detail::connection& c) { c.exec("CREATE TABLE r (id INTEGER)"); });
+  std::promise<void> late_member_waits;
+  std::promise<void> go_on;
+  auto go = go_on.get_future();
+  w.on_batch_waited_for_tests([&] {
+    late_member_waits.set_value();
+    go.wait();
+  });
+  auto losing = [&w] {  // ends its batch as SQLite does after an I/O error
+    const auto t = w.enter();
+    w.conn().exec("ROLLBACK");
+    w.leave(t, /*keep=*/false);
+  };
+
+  const auto member = w.enter();
+  w.conn().exec("INSERT INTO r (id) VALUES (1)");
+  auto loser = std::async(std::launch::async, losing);  // waits in line: the batch stays open
+  for (int i = 0; i < 60'000 && w.stats().waiting == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(w.stats().waiting, 1U);
+  auto late = failure_of([&] { w.leave(member, /*keep=*/true); });
+  const auto failure = within(std::chrono::seconds(120), [&] {
+    loser.get();
+    late_member_waits.get_future().get();  // woken, not yet told
+    for (int i = 0; i < 5000; ++i) losing();
+    go_on.set_value();
+    return late.get();
+  });
+  ASSERT_TRUE(failure) << "a member of a lost batch was told its row committed";
+  EXPECT_TRUE(failure->retryable()) << failure->what();
+  EXPECT_FALSE(failure->in_doubt()) << "the batch was rolled back: nothing of it was kept";
+  EXPECT_EQ(w.stats().failed_batches, 5001U);
+  const auto rows = within(std::chrono::seconds(60), [&] {
+    std::int64_t n = -1;
+    w.exclusively([&](sqlite_detail::connection& c) {
+      n = c.run("SELECT COUNT(*) FROM r", {}).at(0).get<std::int64_t>(0);
+    });
+    return n;
+  });
+  EXPECT_EQ(rows, 0);
+}
+
 // With max_batch 1 every transaction commits on its own (the behaviour
 // without group commit, for comparison).
 TEST(SqliteStore, MaxBatchOfOneCommitsEveryTransactionAlone) {

@@ -24,7 +24,11 @@
 // and a full disk are retryable storage_errors; SQL errors (bad statement,
 // missing table) are not. A failed COMMIT is reported in doubt, to every
 // transaction of its batch. Waiting longer than busy_timeout for the writer or
-// a read connection is a retryable error, never a hang.
+// a read connection is a retryable error, never a hang. The one exception is
+// of the application's making: Pre-RPC and Post-RPC code runs holding the
+// writer, so code that blocks there (a network call, a lock held elsewhere)
+// stalls every write of the process; the others are then told to retry after
+// busy_timeout, but the blocked one waits as long as its code does.
 //
 // Thread safety: the store is shared by all threads; it pools connections.
 #pragma once

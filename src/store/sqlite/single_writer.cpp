@@ -6,12 +6,6 @@
 namespace orpheus::sqlite_detail {
 namespace {
 
-// How many failed batches are remembered for members that still wait: a
-// member woken after more failures than this would be told its batch
-// committed. Failures are rare (I/O errors, a full disk); this is a bound on
-// memory, not a working set.
-constexpr std::size_t failures_kept = 4096;
-
 storage_error waited_for_writer(std::size_t waiting) {
   return storage_error::transient("sqlite: waited busy_timeout for the writer connection (" +
                                   std::to_string(waiting) + " waiting)");
@@ -218,8 +212,9 @@ void single_writer::run(const std::function<void(connection&)>& body) {
     lock.lock();
   }
   const bool done = finished_ >= j->batch;
+  // The gate of the round it ran in: finish_batch() wrote the outcome there.
   std::optional<storage_error> batch_failure;
-  if (const auto f = failed_.find(j->batch); done && f != failed_.end()) batch_failure = f->second;
+  if (done && j->batch != 0) batch_failure = j->gate->failure;
   lock.unlock();
   if (j->thrown || j->own) {  // undone: its own outcome, if its batch committed
     // Found in review: a job reads what the members before it in the batch
@@ -354,16 +349,16 @@ void single_writer::run_one(job& j) {
   j.kept = end_member(!j.thrown, j.own);
 }
 
-std::uint64_t single_writer::enter() {
+single_writer::member_ticket single_writer::enter() {
   refuse_on_writer_thread();
   std::unique_lock lock(m_);
   take_turn(lock);
   try {
     if (!batch_open_) open_batch(lock);
-    const std::uint64_t batch = batch_;
+    member_ticket member{batch_, batch_gate_};
     lock.unlock();
     conn_->exec_cached("SAVEPOINT orpheus_member");
-    return batch;
+    return member;
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
     if (batch_open_ && sqlite3_get_autocommit(conn_->db()) != 0) {
@@ -380,7 +375,8 @@ std::uint64_t single_writer::enter() {
   }
 }
 
-void single_writer::leave(std::uint64_t batch, bool keep) {
+void single_writer::leave(const member_ticket& member, bool keep) {
+  const std::uint64_t batch = member.batch;
   // 1. The member's own savepoint, while it still has the connection.
   std::optional<storage_error> own_failure;
   const bool kept = end_member(keep, own_failure);
@@ -406,15 +402,16 @@ void single_writer::leave(std::uint64_t batch, bool keep) {
   // bound the outcome is unknown, which is what in doubt means.
   const auto until = clock::now() + busy_timeout_;
   if (finished_ < batch) {
-    // Not finished means it is the open batch (batches finish in order).
-    const std::shared_ptr<parker> gate = batch_gate_;
+    // Not finished means it is the open batch (batches finish in order),
+    // whose gate this member holds.
     wake_and_unlock(lock);
-    gate->sleep_until(until);
+    member.gate->sleep_until(until);
+    if (batch_waited_) batch_waited_();
     lock.lock();
   }
   const bool done = finished_ >= batch;
   std::optional<storage_error> batch_failure;
-  if (const auto f = failed_.find(batch); done && f != failed_.end()) batch_failure = f->second;
+  if (done) batch_failure = member.gate->failure;
   wake_and_unlock(lock);
   if (!keep) return;
   if (own_failure) throw *own_failure;
@@ -495,21 +492,25 @@ void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
   if (sqlite3_get_autocommit(db) == 0) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
   lock.lock();
   if (any) ++stats_.commits;
-  finish_batch(lock, batch, std::move(failure));
+  finish_batch(lock, batch, failure);
 }
 
 void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t batch,
-                                 std::optional<storage_error> failure) {
+                                 const std::optional<storage_error>& failure) {
   batch_open_ = false;
   finished_ = batch;
-  if (failure) {
-    ++stats_.failed_batches;
-    failed_.insert_or_assign(batch, std::move(*failure));
-    while (failed_.size() > failures_kept) failed_.erase(failed_.begin());
+  if (failure) ++stats_.failed_batches;
+  // Its outcome goes on every gate its members hold, and lives as long as
+  // the last of them: the thread members' gate and each round's of jobs.
+  if (batch_gate_) {
+    batch_gate_->failure = failure;
+    to_wake_.push_back(std::move(batch_gate_));
   }
-  if (batch_gate_) to_wake_.push_back(std::move(batch_gate_));
   batch_gate_.reset();
-  for (auto& g : job_gates_) to_wake_.push_back(std::move(g));
+  for (auto& g : job_gates_) {
+    g->failure = failure;
+    to_wake_.push_back(std::move(g));
+  }
   job_gates_.clear();
 }
 

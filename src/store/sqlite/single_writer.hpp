@@ -45,7 +45,6 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,6 +57,37 @@ namespace orpheus::sqlite_detail {
 
 class single_writer {
  public:
+  using clock = std::chrono::steady_clock;
+
+  // A sleeping thread (or the members of a batch) and the flag that wakes
+  // it, under a lock of its own:
+  // its waker wakes it after releasing m_, so that the woken thread does not
+  // run straight into m_ still held by its waker (on one CPU, two more
+  // context switches per wake-up). Shared: the waker may still hold it when
+  // the sleeper has given up and gone. Public only so that a member can hold
+  // its batch's gate (member_ticket); nothing outside this class uses it.
+  struct parker {
+    std::mutex m;
+    std::condition_variable cv;
+    bool woken = false;
+    // A batch's gate only: why the batch failed, set under single_writer's
+    // m_ by finish_batch() before the wake, read under m_. The outcome
+    // lives as long as a member that may still read it (found in review:
+    // it was kept in a map of the last 4,096 failures, and a member woken
+    // after more than that would have read "committed").
+    std::optional<storage_error> failure;
+    /// False when `until` passed first.
+    bool sleep_until(clock::time_point until);
+    void wake();
+  };
+
+  /// A thread member's place, from enter() to leave(): its batch and that
+  /// batch's gate, which carries the batch's outcome.
+  struct member_ticket {
+    std::uint64_t batch = 0;
+    std::shared_ptr<parker> gate;
+  };
+
   explicit single_writer(const sqlite_options& o);
   /// Runs the jobs still queued, then stops the writer thread.
   ~single_writer();
@@ -77,38 +107,26 @@ class single_writer {
 
   /// Takes this thread's turn (first come, first served; at most
   /// busy_timeout, else a retryable storage_error), opens a batch if none is
-  /// open, and starts the member's savepoint. Returns the member's batch.
-  std::uint64_t enter();
+  /// open, and starts the member's savepoint. Returns the member's place.
+  member_ticket enter();
   /// The connection, for the member whose turn it is.
   [[nodiscard]] connection& conn() { return *conn_; }
   /// Ends the member whose turn it is: keeps (RELEASE) or undoes (ROLLBACK
   /// TO) its savepoint, then hands the connection on or commits the batch,
   /// and returns once the batch is finished. For a kept member, throws the
   /// batch's failure; an undone member's outcome is its own rollback.
-  void leave(std::uint64_t batch, bool keep);
+  void leave(const member_ticket& member, bool keep);
   /// Runs `f` on the connection with no batch open (migrations), in turn.
   void exclusively(const std::function<void(connection&)>& f);
 
   [[nodiscard]] sqlite_writer_stats stats();
 
+  /// Tests only: called by leave() on a member's thread once it stops
+  /// waiting for its batch, before it reads the batch's outcome (a thread
+  /// the scheduler put off that long). Set before any member enters.
+  void on_batch_waited_for_tests(std::function<void()> hook) { batch_waited_ = std::move(hook); }
+
  private:
-  using clock = std::chrono::steady_clock;
-
-  // A sleeping thread (or the members of a batch) and the flag that wakes
-  // it, under a lock of its own:
-  // its waker wakes it after releasing m_, so that the woken thread does not
-  // run straight into m_ still held by its waker (on one CPU, two more
-  // context switches per wake-up). Shared: the waker may still hold it when
-  // the sleeper has given up and gone.
-  struct parker {
-    std::mutex m;
-    std::condition_variable cv;
-    bool woken = false;
-    /// False when `until` passed first.
-    bool sleep_until(clock::time_point until);
-    void wake();
-  };
-
   // A job: a body and what became of it. Written under m_, except by the
   // writer thread between taking it and finishing its batch.
   struct job {
@@ -149,7 +167,7 @@ class single_writer {
   /// sqlite3_commit_hook: notes a COMMIT that is not the writer's own.
   static int on_commit(void* self);
   void finish_batch(std::unique_lock<std::mutex>& lock, std::uint64_t batch,
-                    std::optional<storage_error> failure);
+                    const std::optional<storage_error>& failure);
   /// Unlocks, then wakes everyone pass_turn() and finish_batch() chose.
   void wake_and_unlock(std::unique_lock<std::mutex>& lock);
 
@@ -178,11 +196,11 @@ class single_writer {
   std::uint64_t finished_ = 0;  // every batch up to this one is finished
   std::size_t kept_ = 0;        // members of the open batch that committed
   clock::time_point batch_started_;
-  std::map<std::uint64_t, storage_error> failed_;  // recent failed batches
   // Set by the connection's thread (the one whose turn it is) only.
   bool committing_ = false;      // commit_batch()'s own COMMIT is running
   bool foreign_commit_ = false;  // another COMMIT ran since the batch opened
   sqlite_writer_stats stats_;
+  std::function<void()> batch_waited_;  // on_batch_waited_for_tests()
 
   // Jobs not yet run, in arrival order, and the gate their threads sleep on:
   // the jobs queued together run together (the writer takes them all), and

@@ -162,7 +162,7 @@ class sqlite_statements : public backend_tx {
 // the connection from construction to commit() or rollback().
 class sqlite_tx final : public sqlite_statements {
  public:
-  explicit sqlite_tx(single_writer& w) : sqlite_statements(w.conn()), w_(w), batch_(w.enter()) {}
+  explicit sqlite_tx(single_writer& w) : sqlite_statements(w.conn()), w_(w), member_(w.enter()) {}
   sqlite_tx(const sqlite_tx&) = delete;
   sqlite_tx& operator=(const sqlite_tx&) = delete;
   ~sqlite_tx() override { rollback(); }
@@ -171,21 +171,21 @@ class sqlite_tx final : public sqlite_statements {
   void commit() override {
     check_alive();
     open_ = false;
-    w_.leave(batch_, /*keep=*/true);
+    w_.leave(member_, /*keep=*/true);
   }
 
   void rollback() noexcept override {
     if (!open_) return;
     open_ = false;
     try {
-      w_.leave(batch_, /*keep=*/false);
+      w_.leave(member_, /*keep=*/false);
     } catch (...) {  // NOLINT(bugprone-empty-catch): an undone member has nothing to report
     }
   }
 
  private:
   single_writer& w_;
-  std::uint64_t batch_;
+  single_writer::member_ticket member_;
 };
 
 // The transaction a body passed to transact() gets, on the writer thread:
