@@ -207,14 +207,19 @@ record_sql::record_sql(const sql_dialect& d) {
   claim_hold = "UPDATE orpheus_records SET next_attempt_us = " + now +
                " + ? WHERE scope = ? AND idem_key = ?";
   // Any state but parked goes once its expiry has passed, except a record
-  // under a live lease: someone is working on it right now. A parked record
+  // under a live lease (someone is working on it right now) and one whose
+  // downstream call may still land (in_doubt_until_us): its client is told
+  // to retry meanwhile, and a retry that found no record would run as a new
+  // request (found in review: with a retention shorter than the in-doubt
+  // window, an unfinished record was purged inside it). A parked record
   // waits for a person, however old. A pass picks the records by the expiry
   // index and locks them, then deletes their history and them by key, in
   // one transaction: nothing can write history for, or park, a record
   // between the two deletes, and no statement scans the history table.
   const std::string purgeable = "expires_us < " + now + " AND state <> " + parked +
                                 " AND (state <> " + in_progress +
-                                " OR lease_expires_us IS NULL OR lease_expires_us < " + now + ")";
+                                " OR lease_expires_us IS NULL OR lease_expires_us < " + now +
+                                ") AND COALESCE(in_doubt_until_us, 0) < " + now;
   purge_select =
       "SELECT scope, idem_key, CASE WHEN EXISTS (SELECT 1 FROM orpheus_attempts a WHERE a.scope "
       "= orpheus_records.scope AND a.idem_key = orpheus_records.idem_key) THEN 1 ELSE 0 END "

@@ -2130,6 +2130,50 @@ TEST_P(Conformance, AbandonedRecordsArePurgedAfterTheirWindowAndRetentionButNeve
   EXPECT_TRUE(store_->inspect(live)) << "a live lease is never purged from under its attempt";
 }
 
+// Found in review: an unfinished record expires at the end of its retry
+// window plus the retention, and was purged then even while a downstream call
+// of it could still land (in_doubt_until_us, which outlasts a retention
+// shorter than config::in_doubt_window). Its client, told to retry
+// meanwhile, would have found no record and run the request again as new.
+TEST_P(Conformance, ARecordWhoseCallMayStillLandIsNotPurged) {
+  config cfg;
+  cfg.lease = 400ms;
+  cfg.rpc_timeout = 300ms;
+  cfg.retry_window = 100ms;
+  cfg.retention = 500ms;
+  cfg.in_doubt_window = 2s;
+  manager m(*store_, cfg);
+  const auto rid = id("in-doubt");
+  counters c;
+  EXPECT_THROW(pay(m, rid, c,
+                   [](const attempt&, const payment&) -> std::string {
+                     throw error(error_info::of(error_class::in_doubt, "gateway_timeout",
+                                                "sent, no answer"));
+                   }),
+               error);
+  const auto held = store_->inspect(rid);
+  ASSERT_TRUE(held);
+  ASSERT_EQ(held->state, record_state::in_progress);
+  ASSERT_GT(held->in_doubt_until_us, held->expires_us)
+      << "the test needs a call that may land after the record expires";
+  // Expired, its lease too, and its call may still land: kept.
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us > r->expires_us && r->db_now_us > r->lease_expires_us;
+  }));
+  m.purge_expired(1000);
+  const auto kept = store_->inspect(rid);
+  ASSERT_TRUE(kept) << "purged while its downstream call may still land";
+  ASSERT_LT(kept->db_now_us, kept->in_doubt_until_us) << "too slow to show it: run again";
+  // Once that call can no longer land, it goes like any abandoned record.
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us > r->in_doubt_until_us;
+  }));
+  EXPECT_GE(m.purge_expired(1000), 1U);
+  EXPECT_FALSE(store_->inspect(rid));
+}
+
 // config::replay_cache_bytes: a terminal record read once is answered from
 // memory, fingerprint checked, until the ttl or a purge by this manager. The
 // rows here are purged by a second manager without the cache, so that only
