@@ -59,6 +59,22 @@ std::string headers_json(const response& r) {
   return nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// Error texts and operators' notes go to BLOB columns: 64 KiB on MySQL,
+// whose strict mode (MariaDB's default) refuses a longer value. Found in
+// review: a final failure carrying a whole downstream error page was never
+// recorded (the failed write came out of the commit, in doubt), so its key
+// was retried until it parked. They are cut here, at a UTF-8 boundary, and
+// say so.
+constexpr std::size_t stored_text_max = 16 * 1024;
+
+std::string stored_text(std::string_view s) {
+  if (s.size() <= stored_text_max) return std::string(s);
+  const std::string cut = " [cut: " + std::to_string(s.size()) + " bytes in all]";
+  std::size_t n = stored_text_max - cut.size();
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0U) == 0x80U) --n;
+  return std::string(s.substr(0, n)) + cut;
+}
+
 storage_error pre_state_fence_failed() {
   return storage_error::permanent("lease row vanished inside its own transaction");
 }
@@ -310,7 +326,7 @@ bool record_tx::finish(const request_id& id, std::string_view owner, record_stat
                          std::int64_t{r.status},
                          headers_json(r),
                          r.body,
-                         std::string(last_error),
+                         stored_text(last_error),
                          t.retention_us,
                          id.scope,
                          id.key,
@@ -320,7 +336,7 @@ bool record_tx::finish(const request_id& id, std::string_view owner, record_stat
 
 bool record_tx::release(const request_id& id, std::string_view owner, std::string_view why,
                         std::int64_t retry_in_us, std::string_view runner, std::string_view step) {
-  const sql_value p[] = {retry_in_us, std::string(why), id.scope, id.key, std::string(owner)};
+  const sql_value p[] = {retry_in_us, stored_text(why), id.scope, id.key, std::string(owner)};
   if (t_->execute_values(sql_.release, p) != 1) return false;
   add_history(id, "retryable", why, runner, step);
   return true;
@@ -328,7 +344,7 @@ bool record_tx::release(const request_id& id, std::string_view owner, std::strin
 
 void record_tx::park(const request_id& id, std::string_view why, std::string_view runner,
                      std::string_view step, std::int64_t window_us) {
-  const sql_value p[] = {window_us, window_us, std::string(why), id.scope, id.key};
+  const sql_value p[] = {window_us, window_us, stored_text(why), id.scope, id.key};
   t_->execute_values(sql_.park, p);
   add_history(id, "parked", why, runner, step);
 }
@@ -345,7 +361,7 @@ void record_tx::add_history(const request_id& id, std::string_view outcome, std:
   const sql_value p[] = {std::string(outcome),
                          std::string(runner),
                          step_or_null(step),
-                         std::string(error),
+                         stored_text(error),
                          id.scope,
                          id.key};
   t_->execute_values(sql_.add_history, p);
@@ -358,7 +374,7 @@ bool record_tx::add_history_fenced(const request_id& id, std::string_view owner,
   const sql_value p[] = {std::string(outcome),
                          std::string(runner),
                          step_or_null(step),
-                         std::string(error),
+                         stored_text(error),
                          id.scope,
                          id.key,
                          std::string(owner)};
@@ -372,7 +388,7 @@ void record_tx::add_abandoned(const request_id& id) {
 
 bool record_tx::requeue(const request_id& id, std::string_view note, const lease_terms& t) {
   const sql_value p[] = {t.retry_window_us, t.retry_window_us, t.retention_us,
-                         std::string(note), id.scope,          id.key};
+                         stored_text(note), id.scope,          id.key};
   if (t_->execute_values(sql_.requeue, p) != 1) return false;
   add_history(id, "requeued", note, "operator");
   return true;
@@ -384,7 +400,7 @@ bool record_tx::cancel(const request_id& id, std::string_view recovery_point, st
                          t.retry_window_us,
                          t.retry_window_us,
                          t.retention_us,
-                         std::string(note),
+                         stored_text(note),
                          id.scope,
                          id.key};
   if (t_->execute_values(sql_.cancel, p) != 1) return false;
@@ -398,7 +414,7 @@ bool record_tx::resolve(const request_id& id, record_state s, const response& r,
                          std::int64_t{r.status},
                          headers_json(r),
                          r.body,
-                         std::string(note),
+                         stored_text(note),
                          t.retention_us,
                          id.scope,
                          id.key};

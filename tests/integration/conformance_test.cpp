@@ -2174,6 +2174,38 @@ TEST_P(Conformance, ARecordWhoseCallMayStillLandIsNotPurged) {
   EXPECT_FALSE(store_->inspect(rid));
 }
 
+// Found in review: the error text of a final failure was stored whole, and
+// MariaDB (strict mode, a 64 KiB BLOB) refused one carrying a long downstream
+// error page, inside the commit, so the failure was never recorded and its
+// key was retried until parked. Texts are cut to 16 KiB, on a UTF-8 boundary.
+TEST_P(Conformance, AFinalFailureWithALongErrorTextIsRecordedWithTheTextCut) {
+  manager m(*store_);
+  counters c;
+  const auto rid = id("long-error");
+  // "é" is two bytes: the cut must not split one.
+  std::string page = "<html>";
+  while (page.size() < 100'000) page += "\xc3\xa9rreur ";
+  const auto r = pay(m, rid, c, [&](const attempt&, const payment&) -> std::string {
+    throw error(
+        error_info::of(error_class::rejected, "card_declined", "declined").with_internal(page));
+  });
+  EXPECT_EQ(r.status, 402) << r.body;
+  const auto rec = store_->inspect(rid);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, record_state::failed);
+  EXPECT_LE(rec->last_error.size(), 16U * 1024U);
+  EXPECT_EQ(rec->last_error.rfind("card_declined: <html>", 0), 0U) << rec->last_error.substr(0, 80);
+  EXPECT_NE(rec->last_error.find("bytes in all]"), std::string::npos);
+  const std::string prefix = "card_declined: ";
+  const auto kept = rec->last_error.substr(0, rec->last_error.find(" [cut: "));
+  ASSERT_GT(kept.size(), prefix.size());
+  const std::size_t n = kept.size() - prefix.size();
+  EXPECT_EQ(page.substr(0, n), kept.substr(prefix.size()));
+  EXPECT_NE(static_cast<unsigned char>(page[n]) & 0xC0U, 0x80U) << "cut inside a character";
+  EXPECT_EQ(pay(m, rid, c).status, 402) << "replayed";
+  EXPECT_EQ(c.rpc, 1);
+}
+
 // config::replay_cache_bytes: a terminal record read once is answered from
 // memory, fingerprint checked, until the ttl or a purge by this manager. The
 // rows here are purged by a second manager without the cache, so that only
