@@ -317,6 +317,39 @@ TEST_F(MysqlStore, SessionsRunWithTheConfiguredTimeouts) {
   EXPECT_EQ(rows[0].get<std::int64_t>(4), 0);
 }
 
+// Found in review: the connector reports a statement given the wrong number
+// of parameters with no server error code, which read as a lost link: the
+// handler's bug was "retry" (its key never recorded, retried until parked)
+// and every idle connection of the shard was dropped, on every such request.
+// It is the statement's fault: refused for good, as on SQLite, and the
+// connection stays in the pool.
+TEST_F(MysqlStore, AStatementGivenTheWrongNumberOfParametersIsRefusedForGood) {
+  auto o = options_for_test();
+  o.max_connections_per_shard = 1;
+  mysql_store s(o);
+  auto session = [&] {
+    auto t = s.begin_on_shard(0);
+    const auto rows = t->query("SELECT CONNECTION_ID()");
+    t->commit();
+    return rows.at(0).get<std::int64_t>(0);
+  };
+  const auto before = session();
+  for (const int given : {0, 2}) {
+    auto t = s.begin_on_shard(0);
+    try {
+      if (given == 0) {
+        t->query("SELECT ? + 1");
+      } else {
+        t->query("SELECT ? + 1", 1, 2);
+      }
+      ADD_FAILURE() << "ran with " << given << " parameters for one";
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << given << " parameters: " << e.what();
+    }
+  }
+  EXPECT_EQ(session(), before) << "the shard's connections were dropped as if the link were lost";
+}
+
 // Found in review: config::on_parked ran while the parking request still
 // held its pooled connection, so a slow hook (a pager call) starved other
 // requests of connections.
