@@ -60,7 +60,10 @@ struct mysql_shard {
   /// when it cannot be reached, is not ready (Galera: wsrep_ready OFF, or
   /// error 1047) or a connection to it breaks, the next connection tries the
   /// next node, in order, around the list. Reads wait for the cluster's
-  /// latest commit (wsrep_sync_wait = 1 on a Galera node). Empty: one server.
+  /// latest commit (wsrep_sync_wait = 7 on a Galera node). Every node must
+  /// be a node of one Galera cluster: one that is not (wsrep_on not ON, an
+  /// asynchronous replica) is never used, and the shard's requests fail
+  /// with a config_error naming it. Empty: one server.
   std::vector<mysql_host> failover{};
 };
 

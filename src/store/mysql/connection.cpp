@@ -63,6 +63,19 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
     rs.reset(st->executeQuery("SHOW VARIABLES LIKE 'wsrep_on'"));
     galera = rs->next() && rs->getString(2) == "ON";
     rs.reset();
+    // Found in review: a list of servers that do not replicate
+    // synchronously ("primary,replica", as other drivers take it) was used
+    // as one: after one lost link this process wrote to the replica while
+    // others wrote to the primary, and the same key could be paid on both.
+    // Such a node is never used (pool::connect passes over it).
+    if (!galera) {
+      throw config_error("mysql: the shard lists several nodes, and " + node.host + ":" +
+                         std::to_string(node.port) +
+                         " is not a node of a Galera cluster (wsrep_on is not ON): a shard's "
+                         "nodes must replicate synchronously, or a write taken by one could be "
+                         "lost or made twice; give one server per shard, or the nodes of one "
+                         "Galera cluster (docs/sharding.md)");
+    }
   }
   if (galera) {
     // A node out of the primary component answers 1047 to every statement

@@ -84,6 +84,9 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
   // than the last node's (found in review: a permanent one, a host blocked,
   // would fail the request for good while another node was merely down).
   std::optional<sql::SQLException> transient;
+  // A node that is not a Galera node says the shard's configuration is
+  // wrong: that answer wins over any node being down, so it is seen.
+  std::optional<config_error> misconfigured;
   for (std::size_t i = 0;; ++i) {
     const std::size_t n = (first + i) % nodes;
     const mysql_host node = n == 0 ? mysql_host{shard_.host, shard_.port} : shard_.failover[n - 1];
@@ -95,9 +98,13 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
     } catch (const sql::SQLException& e) {
       if (!transient && judge(e, false, false).retryable) transient.emplace(e);
       if (i + 1 == nodes) {
+        if (misconfigured) throw *misconfigured;
         if (transient) throw *transient;
         throw;
       }
+    } catch (const config_error& e) {  // passed over, never used
+      if (!misconfigured) misconfigured.emplace(e);
+      if (i + 1 == nodes) throw *misconfigured;
     }
   }
 }
