@@ -1091,7 +1091,12 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
             if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
               return false;
             }
-            t.park(f.id, parked_why, f.ctx.runner, s.name, f.terms.in_doubt_window_us);
+            // No window of its own: this attempt holds the lease and its
+            // compensation answered for good, so no call of it is in flight
+            // (found in review: the window made resolve() refuse a person
+            // for the lease plus in_doubt_window). An earlier attempt's
+            // in-doubt window is kept: park() only moves it later.
+            t.park(f.id, parked_why, f.ctx.runner, s.name, 0);
             return true;
           });
     } catch (const storage_error& e) {

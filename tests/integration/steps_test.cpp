@@ -323,6 +323,18 @@ TEST_P(Steps, ACompensationThatFailsForGoodParksTheRequestAndAlertsOnce) {
   EXPECT_EQ(history.back().step, "a");
   // Cancel is refused: it is already going backwards.
   EXPECT_FALSE(ops.cancel(scope_, "k1", "try").ok());
+  // No call of it is in flight: its compensation answered. A person may
+  // resolve it once its lease is over, not in_doubt_window (5 minutes) later.
+  const auto parked = store_->inspect(id("k1"));
+  EXPECT_LE(parked->in_doubt_until_us - parked->db_now_us,
+            std::chrono::duration_cast<std::chrono::microseconds>(cfg.lease).count())
+      << "the parking said a call may still land";
+  bool resolved = false;
+  for (int i = 0; i < 600 && !resolved; ++i) {
+    resolved = ops.resolve(scope_, "k1", response{402, {}, "declined"}, "checked").ok();
+    if (!resolved) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(resolved) << "resolve() still refused a minute later";
 }
 
 TEST_P(Steps, TheCompleterResumesAFlowAtItsStep) {
