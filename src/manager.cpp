@@ -997,6 +997,11 @@ response manager::run_flow(flow_run& f) {
                             "the request is past its point of no return and a later step "
                             "failed; it will be finished, retry later with the same key")
                  .with_internal("step " + std::string(s.name) + ": " + reason_of(*failure));
+      // The backoff its completer waits, for the client too (found in
+      // review: a client told nothing retried at once and spent the
+      // attempts on a step that had just failed for good).
+      told.retry_after = std::chrono::ceil<std::chrono::milliseconds>(
+          std::chrono::microseconds(std::max<std::int64_t>(backoff, 1000)));
     }
     record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, failure, backoff},
                      [&](detail::record_tx& t, tx&) {

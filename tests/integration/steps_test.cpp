@@ -258,6 +258,10 @@ TEST_P(Steps, AfterThePivotTheRequestOnlyGoesForward) {
   } catch (const error& e) {
     EXPECT_EQ(e.code(), codes::step_failed_after_pivot);
     EXPECT_TRUE(e.retryable());
+    // Found in review: with no Retry-After a client retried at once, and
+    // spent the attempts on a step that had just failed for good.
+    ASSERT_TRUE(e.retry_after().has_value()) << "the backoff the completer waits";
+    EXPECT_GT(*e.retry_after(), 0ms);
   }
   EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
   const auto r = run(m, id("k1"), f);
