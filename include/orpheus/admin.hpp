@@ -135,7 +135,9 @@ class admin {
   /// to compensate: check downstream and resolve() it), for one past its
   /// pivot (it only goes forward), and for one already going backwards.
   /// A compensation that cannot undo its step (a void refused after a
-  /// capture) parks the request again.
+  /// capture) parks the request again. A request made with plain process()
+  /// has no completer: its compensations run only on its client's retry
+  /// (docs/steps.md#cancel).
   admin_result cancel(std::string_view scope, std::string_view key, std::string_view note);
 
   /// Purges expired records (never a parked one, never one under a live
