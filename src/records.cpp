@@ -65,7 +65,7 @@ std::string headers_json(const response& r) {
 // recorded (the failed write came out of the commit, in doubt), so its key
 // was retried until it parked. They are cut here, at a UTF-8 boundary, and
 // say so.
-constexpr std::size_t stored_text_max = 16 * 1024;
+constexpr std::size_t stored_text_max = std::size_t{16} * 1024;
 
 std::string stored_text(std::string_view s) {
   if (s.size() <= stored_text_max) return std::string(s);
