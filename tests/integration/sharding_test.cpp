@@ -185,6 +185,21 @@ TEST(Sharding, APurgeGoesOnPastAShardThatFails) {
         << e.what();
   }
   EXPECT_FALSE(s.inspect(*on1)) << "shard 1 was not purged because shard 0 failed";
+
+  // The same for admin::purge (orpheusctl purge), which purges until none
+  // is left: it stopped at shard 0.
+  const request_id again{on1->scope, on1->key, fingerprint_of("x")};
+  m.process(
+      again, [](tx&) { return 1; }, [](const attempt&, int) { return std::string("charged"); },
+      [](tx&, const attempt&, const std::string& v) {
+        return response{201, {}, v};
+      },
+      process_options{.retention = 0ms});
+  ASSERT_TRUE(s.inspect(again));
+  std::this_thread::sleep_for(5ms);
+  admin ops(s, config{});
+  EXPECT_THROW(ops.purge(100), storage_error) << "shard 0 failed: the purge did not finish";
+  EXPECT_FALSE(s.inspect(again)) << "admin::purge did not purge shard 1 because shard 0 failed";
 }
 
 }  // namespace
