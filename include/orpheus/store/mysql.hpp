@@ -62,8 +62,9 @@ struct mysql_shard {
   /// next node, in order, around the list. Reads wait for the cluster's
   /// latest commit (wsrep_sync_wait = 7 on a Galera node). Every node must
   /// be a node of one Galera cluster: one that is not (wsrep_on not ON, an
-  /// asynchronous replica) is never used, and the shard's requests fail
-  /// with a config_error naming it. Empty: one server.
+  /// asynchronous replica) is never used; it is passed over and logged, and
+  /// when no node can be used its refusal is the (retryable) answer.
+  /// Empty: one server.
   std::vector<mysql_host> failover{};
 };
 

@@ -67,14 +67,19 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
     // synchronously ("primary,replica", as other drivers take it) was used
     // as one: after one lost link this process wrote to the replica while
     // others wrote to the primary, and the same key could be paid on both.
-    // Such a node is never used (pool::connect passes over it).
+    // Such a node is never used: pool::connect passes over it, as over a
+    // node that is not ready. Retryable, not a configuration error: this
+    // can come after an RPC ran (transaction 2 connecting), where only a
+    // storage_error leads to the in-doubt handling; and a Galera node run
+    // alone for maintenance comes back.
     if (!galera) {
-      throw config_error("mysql: the shard lists several nodes, and " + node.host + ":" +
-                         std::to_string(node.port) +
-                         " is not a node of a Galera cluster (wsrep_on is not ON): a shard's "
-                         "nodes must replicate synchronously, or a write taken by one could be "
-                         "lost or made twice; give one server per shard, or the nodes of one "
-                         "Galera cluster (docs/sharding.md)");
+      throw storage_error::transient(
+          "mysql: the shard lists several nodes, and " + node.host + ":" +
+          std::to_string(node.port) +
+          " is not a node of a Galera cluster (wsrep_on is not ON), so it is not used: a "
+          "shard's nodes must replicate synchronously, or a write taken by one could be lost "
+          "or made twice; give one server per shard, or the nodes of one Galera cluster "
+          "(docs/sharding.md)");
     }
   }
   if (galera) {

@@ -1,5 +1,7 @@
 #include "pool.hpp"
 
+#include "orpheus/log.hpp"
+
 #include <optional>
 
 namespace orpheus::mysql_detail {
@@ -84,9 +86,9 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
   // than the last node's (found in review: a permanent one, a host blocked,
   // would fail the request for good while another node was merely down).
   std::optional<sql::SQLException> transient;
-  // A node that is not a Galera node says the shard's configuration is
-  // wrong: that answer wins over any node being down, so it is seen.
-  std::optional<config_error> misconfigured;
+  // A node that is not a Galera node: its refusal (retryable) is the answer
+  // when every node failed, so that the reason is seen.
+  std::optional<storage_error> not_galera;
   for (std::size_t i = 0;; ++i) {
     const std::size_t n = (first + i) % nodes;
     const mysql_host node = n == 0 ? mysql_host{shard_.host, shard_.port} : shard_.failover[n - 1];
@@ -98,13 +100,14 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
     } catch (const sql::SQLException& e) {
       if (!transient && judge(e, false, false).retryable) transient.emplace(e);
       if (i + 1 == nodes) {
-        if (misconfigured) throw *misconfigured;
+        if (not_galera) throw *not_galera;
         if (transient) throw *transient;
         throw;
       }
-    } catch (const config_error& e) {  // passed over, never used
-      if (!misconfigured) misconfigured.emplace(e);
-      if (i + 1 == nodes) throw *misconfigured;
+    } catch (const storage_error& e) {  // not a Galera node: passed over, never used
+      log(log_level::error, e.what());
+      if (!not_galera) not_galera.emplace(e);
+      if (i + 1 == nodes) throw *not_galera;
     }
   }
 }

@@ -75,7 +75,9 @@ class pool {
   void mark_dead();
   /// A new connection to the node in use, or else to the next node that
   /// answers (and is ready), in order around the list; that node is then in
-  /// use. Throws the last node's error.
+  /// use. Throws, when every node failed: the refusal of a node that is not
+  /// a Galera node if any (retryable), else a retryable node's error if any,
+  /// else the last node's.
   std::unique_ptr<connection> connect(std::uint64_t generation);
 
   mysql_shard shard_;
