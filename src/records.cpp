@@ -3,6 +3,7 @@
 // states are written from record_state, never as bare numbers.
 #include "orpheus/detail/records.hpp"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -94,7 +95,14 @@ record_sql::record_sql(const sql_dialect& d) {
   lock = select_full(d) + d.lock_suffix;
   // An unfinished record expires too, at the end of its retry window plus the
   // retention, so an abandoned one is purged in the end (finish() moves
-  // expires_us to its own retention).
+  // expires_us to its own retention); but never before its last attempt's
+  // call can no longer land: each attempt's lease end plus the in-doubt
+  // window (found in review: an attempt that crashed and was never taken
+  // over left no in_doubt_until_us, and with a retention shorter than that
+  // window its record was purged while its call could still land; a
+  // client's retry then ran as a new request). insert() and take_lease()
+  // compute it, and
+  // save_progress() when it renews the lease (expires_after()).
   // next_attempt_us: when the completer may look at a record with a
   // handler (docs/operations.md). Under a lease, when the lease ends (held in
   // doubt: after a backoff beyond it); retryable, after the backoff;
@@ -112,13 +120,6 @@ record_sql::record_sql(const sql_dialect& d) {
       "UPDATE orpheus_records SET pre_state = ?, steps = ?, updated_us = " + now + fence();
   // A step of a multi-step request finished (or a compensation did): its
   // recovery point, and the lease renewed for the next step.
-  save_progress = "UPDATE orpheus_records SET steps = ?, lease_expires_us = " + now +
-                  " + ?, next_attempt_us = " + if_handler + " + ? END, updated_us = " + now +
-                  fence();
-  take_lease = "UPDATE orpheus_records SET state = " + in_progress +
-               ", lease_owner = ?, lease_expires_us = " + now +
-               " + ?, next_attempt_us = " + if_handler +
-               " + ? END, attempts = ?, updated_us = " + now + " WHERE scope = ? AND idem_key = ?";
   // The later of the time already there and this attempt's lease end plus
   // the window (each figure given twice): a NULL compares as unknown, so the
   // ELSE sets it. next_attempt_us, when the record has one, the same with
@@ -127,6 +128,14 @@ record_sql::record_sql(const sql_dialect& d) {
     return column + " = CASE WHEN " + column + " > " + than + " THEN " + column + " ELSE " + than +
            " END";
   };
+  save_progress = "UPDATE orpheus_records SET steps = ?, lease_expires_us = " + now +
+                  " + ?, next_attempt_us = " + if_handler + " + ? END, " +
+                  later("expires_us", now + " + ?") + ", updated_us = " + now + fence();
+  take_lease = "UPDATE orpheus_records SET state = " + in_progress +
+               ", lease_owner = ?, lease_expires_us = " + now +
+               " + ?, next_attempt_us = " + if_handler + " + ? END, attempts = ?, " +
+               later("expires_us", now + " + ?") + ", updated_us = " + now +
+               " WHERE scope = ? AND idem_key = ?";
   mark_in_doubt = "UPDATE orpheus_records SET " +
                   later("in_doubt_until_us", "lease_expires_us + ?") +
                   ", next_attempt_us = CASE WHEN next_attempt_us IS NULL THEN NULL WHEN "
@@ -260,6 +269,15 @@ record_tx::record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql)
 
 record_tx::record_tx(backend_tx& t, const record_sql& sql) : t_(&t), sql_(sql) {}
 
+namespace {
+// When an unfinished record may be purged, from now (its first attempt's or
+// a take-over's): the end of the retry window plus the retention, but not
+// before this attempt's call can no longer land.
+std::int64_t expires_after(const lease_terms& t) {
+  return std::max(t.retry_window_us + t.retention_us, t.lease_us + t.in_doubt_window_us);
+}
+}  // namespace
+
 bool record_tx::insert(const request_id& id, std::string_view owner, const lease_terms& t,
                        std::string_view handler, int handler_version) {
   const sql_value no_handler = nullptr;
@@ -269,8 +287,8 @@ bool record_tx::insert(const request_id& id, std::string_view owner, const lease
                          std::string(owner),
                          t.lease_us,
                          t.retry_window_us,
-                         t.retry_window_us,
-                         t.retention_us,
+                         expires_after(t),
+                         std::int64_t{0},
                          handler.empty() ? no_handler : sql_value(std::string(handler)),
                          handler.empty() ? no_handler : sql_value(std::int64_t{handler_version}),
                          handler.empty() ? no_handler : sql_value(t.lease_us),
@@ -296,16 +314,28 @@ bool record_tx::save_pre_state(const request_id& id, std::string_view owner, std
 
 bool record_tx::save_progress(const request_id& id, std::string_view owner,
                               std::string_view recovery_point, const lease_terms& t) {
-  const sql_value p[] = {std::string(recovery_point), t.lease_us, t.lease_us, id.scope, id.key,
+  const sql_value p[] = {std::string(recovery_point),
+                         t.lease_us,
+                         t.lease_us,
+                         expires_after(t),
+                         expires_after(t),
+                         id.scope,
+                         id.key,
                          std::string(owner)};
   return t_->execute_fenced(sql_.save_progress, p, &finish_fence_failed);
 }
 
 void record_tx::take_lease(const request_id& id, std::string_view owner, int attempts,
                            const lease_terms& t, std::optional<std::int64_t> next_attempt_in_us) {
-  const sql_value p[] = {
-      std::string(owner),     t.lease_us, next_attempt_in_us.value_or(t.lease_us),
-      std::int64_t{attempts}, id.scope,   id.key};
+  // expires_after() given twice: later() names it twice.
+  const sql_value p[] = {std::string(owner),
+                         t.lease_us,
+                         next_attempt_in_us.value_or(t.lease_us),
+                         std::int64_t{attempts},
+                         expires_after(t),
+                         expires_after(t),
+                         id.scope,
+                         id.key};
   t_->execute_values(sql_.take_lease, p);
 }
 

@@ -786,6 +786,7 @@ TEST_P(Conformance, APurgePassTakesARecordAndItsWholeHistoryTogether) {
   config cfg = short_lease();
   cfg.retry_window = 300ms;
   cfg.retention = 700ms;
+  cfg.in_doubt_window = 100ms;  // an unfinished record is kept at least that long after its lease
   manager m(*store_, cfg);
   admin ops(*store_, cfg);
   const auto rid = id("k1");
@@ -2107,6 +2108,7 @@ TEST_P(Conformance, AbandonedRecordsArePurgedAfterTheirWindowAndRetentionButNeve
   cfg.rpc_timeout = 300ms;
   cfg.retry_window = 100ms;
   cfg.retention = 500ms;
+  cfg.in_doubt_window = 100ms;  // an unfinished record is kept at least that long after its lease
   manager m(*store_, cfg);
   while (m.purge_expired(1000) > 0) {
   }
@@ -2154,12 +2156,13 @@ TEST_P(Conformance, ARecordWhoseCallMayStillLandIsNotPurged) {
   const auto held = store_->inspect(rid);
   ASSERT_TRUE(held);
   ASSERT_EQ(held->state, record_state::in_progress);
-  ASSERT_GT(held->in_doubt_until_us, held->expires_us)
-      << "the test needs a call that may land after the record expires";
-  // Expired, its lease too, and its call may still land: kept.
+  ASSERT_GT(held->in_doubt_until_us, held->retry_until_us + 500'000)
+      << "the test needs a call that may land after the retry window plus the retention";
+  // Past its retry window plus the retention and its lease, and its call
+  // may still land: kept.
   ASSERT_TRUE(eventually([&] {
     const auto r = store_->inspect(rid);
-    return r->db_now_us > r->expires_us && r->db_now_us > r->lease_expires_us;
+    return r->db_now_us > r->retry_until_us + 500'000 && r->db_now_us > r->lease_expires_us;
   }));
   m.purge_expired(1000);
   const auto kept = store_->inspect(rid);
@@ -2168,7 +2171,46 @@ TEST_P(Conformance, ARecordWhoseCallMayStillLandIsNotPurged) {
   // Once that call can no longer land, it goes like any abandoned record.
   ASSERT_TRUE(eventually([&] {
     const auto r = store_->inspect(rid);
-    return r->db_now_us > r->in_doubt_until_us;
+    return r->db_now_us > r->in_doubt_until_us && r->db_now_us > r->expires_us;
+  }));
+  EXPECT_GE(m.purge_expired(1000), 1U);
+  EXPECT_FALSE(store_->inspect(rid));
+}
+
+// The same for an attempt that crashed and was never taken over: it left no
+// in_doubt_until_us, and its record expired at the end of the retry window
+// plus a retention shorter than the in-doubt window (found in review of the
+// fix above). Its record now expires no earlier than its lease end plus
+// that window.
+TEST_P(Conformance, ARecordWhoseCrashedAttemptsCallMayStillLandIsNotPurged) {
+  config cfg;
+  cfg.lease = 400ms;
+  cfg.rpc_timeout = 300ms;
+  cfg.retry_window = 100ms;
+  cfg.retention = 500ms;
+  cfg.in_doubt_window = 2s;
+  manager m(*store_, cfg);
+  const auto rid = id("crashed");
+  {  // transaction 1 of an attempt that then died in its RPC
+    auto t = detail::begin_record_tx(*store_, rid);
+    ASSERT_TRUE(t->insert(rid, "cafecafecafecafecafecafecafecafe", detail::terms_of(cfg)));
+    t->commit();
+  }
+  const auto before = store_->inspect(rid);
+  ASSERT_TRUE(before);
+  EXPECT_EQ(before->in_doubt_until_us, 0) << "the test needs an attempt never taken over";
+  // Past the retry window plus the retention, and past its lease.
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us > r->created_us + 700'000 && r->db_now_us > r->lease_expires_us;
+  }));
+  m.purge_expired(1000);
+  const auto kept = store_->inspect(rid);
+  ASSERT_TRUE(kept) << "purged while its crashed attempt's call may still land";
+  ASSERT_LT(kept->db_now_us, kept->lease_expires_us + 2'000'000) << "too slow to show it";
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(rid);
+    return r->db_now_us > r->expires_us;
   }));
   EXPECT_GE(m.purge_expired(1000), 1U);
   EXPECT_FALSE(store_->inspect(rid));

@@ -691,6 +691,15 @@ TEST_F(MysqlStore, AbandonedRowsArePurgedAfterWindowAndRetentionButNeverUnderALi
     ASSERT_TRUE(r);
     EXPECT_GT(r->expires_us, 0) << rid.key << ": no expiry set at insert";
     EXPECT_GE(r->expires_us, r->retry_until_us + 1000) << rid.key;
+    EXPECT_GE(r->expires_us, r->lease_expires_us) << rid.key << ": expires under its lease";
+  }
+  {
+    // A row under a live lease that has expired all the same (written by an
+    // older version, which did not keep expiry past the lease): still kept.
+    auto t = store_->begin_on_shard(store_->shard_of(leased));
+    t->execute("UPDATE orpheus_records SET expires_us = 1 WHERE scope = ? AND idem_key = ?",
+               leased.scope, leased.key);
+    t->commit();
   }
   ASSERT_TRUE(eventually([&] {
     const auto r = store_->inspect(leased);
