@@ -170,6 +170,18 @@ class Conformance : public testing::TestWithParam<std::string> {
         opts);
   }
 
+  // A retry window plus retention (600 ms) shorter than the in-doubt window
+  // (2 s after a lease of 400 ms).
+  static config retention_shorter_than_in_doubt_window() {
+    config cfg;
+    cfg.lease = std::chrono::milliseconds(400);
+    cfg.rpc_timeout = std::chrono::milliseconds(300);
+    cfg.retry_window = std::chrono::milliseconds(100);
+    cfg.retention = std::chrono::milliseconds(500);
+    cfg.in_doubt_window = std::chrono::seconds(2);
+    return cfg;
+  }
+
   std::unique_ptr<store> store_;
   std::string scope_;
 };
@@ -315,6 +327,28 @@ bool eventually(F f, std::chrono::seconds guard = std::chrono::seconds(60)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
+}
+
+// An unfinished record past its retry window plus the retention (500 ms, as
+// retention_shorter_than_in_doubt_window() sets) and its lease is kept by a
+// purge while its call may land (until `landing_ends`), then purged.
+void expect_kept_while_its_call_may_land(
+    store& s, manager& m, const request_id& rid,
+    const std::function<std::int64_t(const record&)>& landing_ends) {
+  ASSERT_TRUE(eventually([&] {
+    const auto r = s.inspect(rid);
+    return r->db_now_us > r->retry_until_us + 500'000 && r->db_now_us > r->lease_expires_us;
+  }));
+  m.purge_expired(1000);
+  const auto kept = s.inspect(rid);
+  ASSERT_TRUE(kept) << "purged while its downstream call may still land";
+  ASSERT_LT(kept->db_now_us, landing_ends(*kept)) << "too slow to show it: run again";
+  ASSERT_TRUE(eventually([&] {
+    const auto r = s.inspect(rid);
+    return r->db_now_us > landing_ends(*r) && r->db_now_us > r->expires_us;
+  }));
+  EXPECT_GE(m.purge_expired(1000), 1U);
+  EXPECT_FALSE(s.inspect(rid));
 }
 
 void leave_crashed_attempt(store& s, const request_id& rid, const std::string& pre_json,
@@ -2138,12 +2172,7 @@ TEST_P(Conformance, AbandonedRecordsArePurgedAfterTheirWindowAndRetentionButNeve
 // shorter than config::in_doubt_window). Its client, told to retry
 // meanwhile, would have found no record and run the request again as new.
 TEST_P(Conformance, ARecordWhoseCallMayStillLandIsNotPurged) {
-  config cfg;
-  cfg.lease = 400ms;
-  cfg.rpc_timeout = 300ms;
-  cfg.retry_window = 100ms;
-  cfg.retention = 500ms;
-  cfg.in_doubt_window = 2s;
+  const config cfg = retention_shorter_than_in_doubt_window();
   manager m(*store_, cfg);
   const auto rid = id("in-doubt");
   counters c;
@@ -2158,23 +2187,8 @@ TEST_P(Conformance, ARecordWhoseCallMayStillLandIsNotPurged) {
   ASSERT_EQ(held->state, record_state::in_progress);
   ASSERT_GT(held->in_doubt_until_us, held->retry_until_us + 500'000)
       << "the test needs a call that may land after the retry window plus the retention";
-  // Past its retry window plus the retention and its lease, and its call
-  // may still land: kept.
-  ASSERT_TRUE(eventually([&] {
-    const auto r = store_->inspect(rid);
-    return r->db_now_us > r->retry_until_us + 500'000 && r->db_now_us > r->lease_expires_us;
-  }));
-  m.purge_expired(1000);
-  const auto kept = store_->inspect(rid);
-  ASSERT_TRUE(kept) << "purged while its downstream call may still land";
-  ASSERT_LT(kept->db_now_us, kept->in_doubt_until_us) << "too slow to show it: run again";
-  // Once that call can no longer land, it goes like any abandoned record.
-  ASSERT_TRUE(eventually([&] {
-    const auto r = store_->inspect(rid);
-    return r->db_now_us > r->in_doubt_until_us && r->db_now_us > r->expires_us;
-  }));
-  EXPECT_GE(m.purge_expired(1000), 1U);
-  EXPECT_FALSE(store_->inspect(rid));
+  expect_kept_while_its_call_may_land(*store_, m, rid,
+                                      [](const record& r) { return r.in_doubt_until_us; });
 }
 
 // The same for an attempt that crashed and was never taken over: it left no
@@ -2183,12 +2197,7 @@ TEST_P(Conformance, ARecordWhoseCallMayStillLandIsNotPurged) {
 // fix above). Its record now expires no earlier than its lease end plus
 // that window.
 TEST_P(Conformance, ARecordWhoseCrashedAttemptsCallMayStillLandIsNotPurged) {
-  config cfg;
-  cfg.lease = 400ms;
-  cfg.rpc_timeout = 300ms;
-  cfg.retry_window = 100ms;
-  cfg.retention = 500ms;
-  cfg.in_doubt_window = 2s;
+  const config cfg = retention_shorter_than_in_doubt_window();
   manager m(*store_, cfg);
   const auto rid = id("crashed");
   {  // transaction 1 of an attempt that then died in its RPC
@@ -2199,21 +2208,8 @@ TEST_P(Conformance, ARecordWhoseCrashedAttemptsCallMayStillLandIsNotPurged) {
   const auto before = store_->inspect(rid);
   ASSERT_TRUE(before);
   EXPECT_EQ(before->in_doubt_until_us, 0) << "the test needs an attempt never taken over";
-  // Past the retry window plus the retention, and past its lease.
-  ASSERT_TRUE(eventually([&] {
-    const auto r = store_->inspect(rid);
-    return r->db_now_us > r->created_us + 700'000 && r->db_now_us > r->lease_expires_us;
-  }));
-  m.purge_expired(1000);
-  const auto kept = store_->inspect(rid);
-  ASSERT_TRUE(kept) << "purged while its crashed attempt's call may still land";
-  ASSERT_LT(kept->db_now_us, kept->lease_expires_us + 2'000'000) << "too slow to show it";
-  ASSERT_TRUE(eventually([&] {
-    const auto r = store_->inspect(rid);
-    return r->db_now_us > r->expires_us;
-  }));
-  EXPECT_GE(m.purge_expired(1000), 1U);
-  EXPECT_FALSE(store_->inspect(rid));
+  expect_kept_while_its_call_may_land(
+      *store_, m, rid, [](const record& r) { return r.lease_expires_us + 2'000'000; });
 }
 
 // Found in review: the error text of a final failure was stored whole, and
