@@ -4,6 +4,7 @@
 #include "orpheus/detail/records.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -100,9 +101,10 @@ record_sql::record_sql(const sql_dialect& d) {
   // window (found in review: an attempt that crashed and was never taken
   // over left no in_doubt_until_us, and with a retention shorter than that
   // window its record was purged while its call could still land; a
-  // client's retry then ran as a new request). insert() and take_lease()
-  // compute it, and
-  // save_progress() when it renews the lease (expires_after()).
+  // client's retry then ran as a new request). insert() sets both bounds
+  // (insert_expiry()); take_lease() and save_progress(), which start or
+  // renew a lease, only move it later, to the lease end plus the window
+  // (landing_ends()).
   // next_attempt_us: when the completer may look at a record with a
   // handler (docs/operations.md). Under a lease, when the lease ends (held in
   // doubt: after a backoff beyond it); retryable, after the backoff;
@@ -118,16 +120,14 @@ record_sql::record_sql(const sql_dialect& d) {
       " + ? + ?, ?, ?, " + now + " + ?, ?)" + d.insert_if_absent_suffix;
   save_pre_state =
       "UPDATE orpheus_records SET pre_state = ?, steps = ?, updated_us = " + now + fence();
-  // A step of a multi-step request finished (or a compensation did): its
-  // recovery point, and the lease renewed for the next step.
-  // The later of the time already there and this attempt's lease end plus
-  // the window (each figure given twice): a NULL compares as unknown, so the
-  // ELSE sets it. next_attempt_us, when the record has one, the same with
-  // the backoff.
+  // `column` = the later of the time already there and `than` (each figure
+  // given twice): a NULL compares as unknown, so the ELSE sets it.
   const auto later = [](const std::string& column, const std::string& than) {
     return column + " = CASE WHEN " + column + " > " + than + " THEN " + column + " ELSE " + than +
            " END";
   };
+  // A step of a multi-step request finished (or a compensation did): its
+  // recovery point, and the lease renewed for the next step.
   save_progress = "UPDATE orpheus_records SET steps = ?, lease_expires_us = " + now +
                   " + ?, next_attempt_us = " + if_handler + " + ? END, " +
                   later("expires_us", now + " + ?") + ", updated_us = " + now + fence();
@@ -270,11 +270,20 @@ record_tx::record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql)
 record_tx::record_tx(backend_tx& t, const record_sql& sql) : t_(&t), sql_(sql) {}
 
 namespace {
-// When an unfinished record may be purged, from now (its first attempt's or
-// a take-over's): the end of the retry window plus the retention, but not
-// before this attempt's call can no longer land.
-std::int64_t expires_after(const lease_terms& t) {
-  return std::max(t.retry_window_us + t.retention_us, t.lease_us + t.in_doubt_window_us);
+// a + b, or the largest value instead of overflowing (a retention of
+// "forever" from process_options is not capped).
+std::int64_t saturating_sum(std::int64_t a, std::int64_t b) {
+  constexpr std::int64_t most = std::numeric_limits<std::int64_t>::max();
+  return b > 0 && a > most - b ? most : a + b;
+}
+// From now: when this attempt's call can no longer land.
+std::int64_t landing_ends(const lease_terms& t) {
+  return saturating_sum(t.lease_us, t.in_doubt_window_us);
+}
+// From now, for a new record: the end of the retry window plus the
+// retention, but not before its first attempt's call can no longer land.
+std::int64_t insert_expiry(const lease_terms& t) {
+  return std::max(saturating_sum(t.retry_window_us, t.retention_us), landing_ends(t));
 }
 }  // namespace
 
@@ -287,7 +296,7 @@ bool record_tx::insert(const request_id& id, std::string_view owner, const lease
                          std::string(owner),
                          t.lease_us,
                          t.retry_window_us,
-                         expires_after(t),
+                         insert_expiry(t),
                          std::int64_t{0},
                          handler.empty() ? no_handler : sql_value(std::string(handler)),
                          handler.empty() ? no_handler : sql_value(std::int64_t{handler_version}),
@@ -317,8 +326,8 @@ bool record_tx::save_progress(const request_id& id, std::string_view owner,
   const sql_value p[] = {std::string(recovery_point),
                          t.lease_us,
                          t.lease_us,
-                         expires_after(t),
-                         expires_after(t),
+                         landing_ends(t),
+                         landing_ends(t),
                          id.scope,
                          id.key,
                          std::string(owner)};
@@ -327,13 +336,13 @@ bool record_tx::save_progress(const request_id& id, std::string_view owner,
 
 void record_tx::take_lease(const request_id& id, std::string_view owner, int attempts,
                            const lease_terms& t, std::optional<std::int64_t> next_attempt_in_us) {
-  // expires_after() given twice: later() names it twice.
+  // landing_ends() given twice: later() names it twice.
   const sql_value p[] = {std::string(owner),
                          t.lease_us,
                          next_attempt_in_us.value_or(t.lease_us),
                          std::int64_t{attempts},
-                         expires_after(t),
-                         expires_after(t),
+                         landing_ends(t),
+                         landing_ends(t),
                          id.scope,
                          id.key};
   t_->execute_values(sql_.take_lease, p);

@@ -36,7 +36,9 @@ class connection {
   /// Connects to `node` (number `index` of the shard `s`: 0 is s.host, then
   /// s.failover) and sets the session up (time zone, isolation, timeouts; on
   /// a Galera node, reads that wait for the cluster's latest commit). Throws
-  /// sql::SQLException, also for a Galera node that is not ready.
+  /// sql::SQLException, also for a Galera node that is not ready, and a
+  /// transient storage_error for a node of a multi-node shard that is not a
+  /// Galera node.
   connection(const mysql_host& node, std::size_t index, const mysql_shard& s,
              const mysql_options& o, bool autocommit, std::uint64_t generation);
 
