@@ -135,6 +135,13 @@ std::variant<identity, error_info> identify(
     // accepts.
     std::optional<std::string> key = key_of_header_value(*key_header_value);
     if (!key) {
+      const std::string_view v = *key_header_value;
+      if (v.find(',') != std::string_view::npos && v.find('"') == std::string_view::npos) {
+        return bad_request(codes::invalid_key,
+                           header +
+                               " holds more than one value (sent twice, or a comma "
+                               "outside quotes): send one key, quoted if it has a comma");
+      }
       return bad_request(codes::invalid_key, header + " is not a valid token or quoted string");
     }
     // The key rule too, before the caller is asked for (found in review: a

@@ -48,7 +48,11 @@ std::optional<std::string> invalid_scope_reason(std::string_view scope) {
 }
 
 std::string key_header_value(std::string_view key) {
-  if (key.empty() || key.front() != '"') return std::string(key);
+  // Bare, unless the bare form would read as something else: a leading
+  // quote (an sf-string) or a comma (a list of values, below).
+  if (key.empty() || (key.front() != '"' && key.find(',') == std::string_view::npos)) {
+    return std::string(key);
+  }
   std::string quoted = "\"";
   for (const char c : key) {
     if (c == '"' || c == '\\') quoted += '\\';
@@ -59,7 +63,14 @@ std::string key_header_value(std::string_view key) {
 
 std::optional<std::string> key_of_header_value(std::string_view value) {
   std::string_view v = without_white_space(value);
-  if (v.empty() || v.front() != '"') return std::string(v);
+  if (v.empty() || v.front() != '"') {
+    // A comma outside quotes separates the values of a list: a header sent
+    // twice, which a proxy may join as "k1, k1" (RFC 9110, section 5.3).
+    // Read as one key, a retry would run again under a new key (found in
+    // review).
+    if (v.find(',') != std::string_view::npos) return std::nullopt;
+    return std::string(v);
+  }
   if (v.size() < 2 || v.back() != '"') return std::nullopt;
   v = v.substr(1, v.size() - 2);
   std::string out;

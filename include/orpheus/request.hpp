@@ -47,15 +47,18 @@ struct request_id {
 [[nodiscard]] std::optional<std::string> invalid_scope_reason(std::string_view scope);
 
 /// The Idempotency-Key header value that carries `key` (a key that keeps the
-/// key rule): the key itself, or, when it starts with '"', an RFC 8941
-/// sf-string ("..." with \" and \\ escapes), which key_of_header_value()
-/// reads back as the key (sent bare, "abc" would read as abc, issue 9).
+/// key rule): the key itself, or, when it starts with '"' or holds a comma,
+/// an RFC 8941 sf-string ("..." with \" and \\ escapes), which
+/// key_of_header_value() reads back as the key (sent bare, "abc" would read
+/// as abc, issue 9, and a,b as a list).
 [[nodiscard]] std::string key_header_value(std::string_view key);
 
 /// The key an Idempotency-Key header value carries, as the IETF draft reads
 /// it: a bare token, or an RFC 8941 sf-string whose only escapes are \" and
 /// \\, with optional spaces and tabs around either. nullopt when the
-/// quoting is broken. The key rule is not checked here: validate() does.
+/// quoting is broken, or when a bare value holds a comma: that is a list of
+/// values (the header sent twice, joined by a proxy as RFC 9110 allows), not
+/// one key. The key rule is not checked here: validate() does.
 [[nodiscard]] std::optional<std::string> key_of_header_value(std::string_view value);
 
 /// Throws bad_input_error (400, not retryable) when the key breaks the key

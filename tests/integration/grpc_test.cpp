@@ -96,9 +96,11 @@ class Grpc : public testing::TestWithParam<std::string> {
     payments::v1::Payment reply;
     bool replayed = false;
   };
-  answer call(const std::string& key, std::int64_t amount, const std::string& api_key = kKey) {
+  answer call(const std::string& key, std::int64_t amount, const std::string& api_key = kKey,
+              const std::string& second_key = "") {
     grpc::ClientContext ctx;
     if (!key.empty()) ctx.AddMetadata("idempotency-key", key);
+    if (!second_key.empty()) ctx.AddMetadata("idempotency-key", second_key);
     if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     payments::v1::CreatePaymentRequest req;
@@ -201,6 +203,12 @@ TEST_P(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
     EXPECT_EQ(a.status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << wrong;
     EXPECT_FALSE(orpheus::grpc::may_retry(a.status));
   }
+  // Two keys (found in review: the first was read, and a retry that gained
+  // a key ran as a new request).
+  const auto two_keys = call("k2", 100, kKey, "k3");
+  EXPECT_EQ(two_keys.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << two_keys.status.error_message();
+  EXPECT_FALSE(orpheus::grpc::may_retry(two_keys.status));
   const auto bad_amount = call("k2", 0);
   EXPECT_EQ(bad_amount.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(ledger()["charges"], 0);

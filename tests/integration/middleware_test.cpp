@@ -100,6 +100,47 @@ TEST_F(Middleware, AcceptsBareAndQuotedKeysAsTheSameKey) {
   }
 }
 
+// Found in review: only the first Idempotency-Key field was read, and a
+// bare value was one key whatever it held. A retry whose client library or
+// proxy added a second key field ran under the first (a gateway's own key
+// put in front) or, joined by a proxy as RFC 9110 allows, under "k1, k1": a
+// new key either way, and a second charge. A list of keys is refused; a key
+// with a comma travels quoted.
+TEST_F(Middleware, AKeySentTwiceOrAsAListIsRefusedAndRunsNothing) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  int rpc = 0;
+  ASSERT_EQ(call(mw, post("k1", R"({"a":1})"), &rpc).result_int(), 201U);
+  ASSERT_EQ(rpc, 1);
+
+  auto twice = post("k1", R"({"a":1})");
+  twice.insert("Idempotency-Key", "k1");
+  auto gateway_first = post("gw-7", R"({"a":1})");
+  gateway_first.insert("Idempotency-Key", "k1");
+  for (auto* req : {&twice, &gateway_first}) {
+    const auto r = call(mw, *req, &rpc);
+    EXPECT_EQ(r.result_int(), 400U) << r.body();
+    EXPECT_NE(r.body().find("more than one value"), std::string::npos) << r.body();
+    EXPECT_NE(r.body().find("invalid_key"), std::string::npos) << r.body();
+    EXPECT_TRUE(r["Idempotency-Key"].empty()) << "a refused key is never echoed";
+  }
+  for (const auto* joined : {"k1, k1", "k1,k1", "gw-7, k1", "k1, \"k1\""}) {
+    const auto r = call(mw, post(joined, R"({"a":1})"), &rpc);
+    EXPECT_EQ(r.result_int(), 400U) << joined;
+  }
+  EXPECT_EQ(rpc, 1) << "nothing ran again";
+
+  // A key with a comma is still a key, sent quoted (as the client helper
+  // and key_header_value() send it) and echoed quoted.
+  EXPECT_EQ(key_header_value("a,b"), R"("a,b")");
+  const auto quoted = call(mw, post(R"("a,b")", R"({"a":1})"), &rpc);
+  EXPECT_EQ(quoted.result_int(), 201U);
+  EXPECT_EQ(quoted["Idempotency-Key"], R"("a,b")");
+  EXPECT_EQ(call(mw, post(R"("a,b")", R"({"a":1})"), &rpc)["Idempotent-Replayed"], "true");
+  EXPECT_EQ(rpc, 2);
+}
+
 // Issue 10, item 5: Pre-RPC may take the request id the middleware computed.
 TEST_F(Middleware, PreRpcCanTakeTheRequestId) {
   m_ = std::make_unique<manager>(*store_);

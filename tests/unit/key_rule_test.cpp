@@ -60,6 +60,8 @@ std::vector<key_case> key_table() {
       {"leading quote and backslash", "\"a\\b", true},
       {"maximum length, quoted on the wire", "\"" + std::string(max_key_bytes - 1, '\\'), true},
       {"punctuation", "~!@#$%^&*()_+{}|:<>?`-=[];',./", true},
+      {"comma, quoted on the wire", "a,b", true},
+      {"comma and space", "k1, k1", true},
   };
 }
 
@@ -148,8 +150,14 @@ TEST_F(key_rule, TheHeaderValueReadsBackAsTheKey) {
     if (!c.valid) continue;
     SCOPED_TRACE(c.name);
     EXPECT_EQ(key_of_header_value(key_header_value(c.key)), c.key);
-    EXPECT_EQ(key_header_value(c.key) != c.key, c.key.front() == '"') << "only a leading quote";
+    EXPECT_EQ(key_header_value(c.key) != c.key,
+              c.key.front() == '"' || c.key.find(',') != std::string::npos)
+        << "only a leading quote or a comma";
   }
+  // A bare comma separates a list's values: the header sent twice, joined.
+  EXPECT_EQ(key_of_header_value("k1, k1"), std::nullopt);
+  EXPECT_EQ(key_of_header_value("a,b"), std::nullopt);
+  EXPECT_EQ(key_of_header_value(R"("a,b")"), "a,b");
   EXPECT_EQ(key_of_header_value("  k\t"), "k");
   EXPECT_EQ(key_of_header_value(R"( "a\"b" )"), "a\"b");
   EXPECT_EQ(key_of_header_value(R"("k)"), std::nullopt);

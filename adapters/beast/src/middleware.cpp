@@ -140,9 +140,18 @@ std::string middleware::canonical_request(const http_request& req,
 // The core decides (orpheus/identify.hpp); this only reads the Beast request
 // and writes the refusal as an HTTP answer (never echoing a refused key).
 std::variant<request_id, http_response> middleware::identify(const http_request& req) const {
-  const auto field = req.find(options_.key_header);
-  std::optional<std::string_view> key_value;
-  if (field != req.end()) key_value = sv(field->value());
+  // Every field of the key's name, joined as a proxy may join them (RFC
+  // 9110, section 5.3): the core refuses a list. Found in review: the first
+  // field alone was read, so a retry whose client or proxy added a second
+  // key ran under the first one it saw, a new key, and charged again.
+  std::optional<std::string> key_value;
+  for (auto [it, end] = req.equal_range(options_.key_header); it != end; ++it) {
+    if (key_value) {
+      key_value->append(", ").append(sv(it->value()));
+    } else {
+      key_value.emplace(sv(it->value()));
+    }
+  }
   const identify_options rules{
       options_.key_header,
       std::find(options_.key_required_on.begin(), options_.key_required_on.end(), req.method()) !=

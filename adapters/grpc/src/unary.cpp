@@ -16,12 +16,22 @@ namespace {
 
 using ::grpc::StatusCode;
 
-std::optional<std::string_view> metadata(const ::grpc::CallbackServerContext& ctx,
-                                         std::string_view name) {
-  const auto& md = ctx.client_metadata();
-  const auto found = md.find(::grpc::string_ref(name.data(), name.size()));
-  if (found == md.end()) return std::nullopt;
-  return std::string_view(found->second.data(), found->second.size());
+// Every value of `name`, joined with ", " as HTTP/2 may carry them: the
+// core refuses a list of keys (a retry must not run under another key).
+std::optional<std::string> metadata(const ::grpc::CallbackServerContext& ctx,
+                                    std::string_view name) {
+  std::optional<std::string> value;
+  const auto [first, last] =
+      ctx.client_metadata().equal_range(::grpc::string_ref(name.data(), name.size()));
+  for (auto it = first; it != last; ++it) {
+    if (value) {
+      value->append(", ");
+    } else {
+      value.emplace();
+    }
+    value->append(it->second.data(), it->second.size());
+  }
+  return value;
 }
 
 // The code for an error the library (or a handler) raised now.
@@ -191,8 +201,9 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
   ::grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const std::string body = bytes_of(request);
   const request_text text{"POST", method, "application/x-protobuf", body, {}};
+  const std::optional<std::string> key = metadata(*ctx, options_.key_metadata);
   auto who = identify(
-      text, metadata(*ctx, options_.key_metadata), [&] { return options_.scope(*ctx); },
+      text, key, [&] { return options_.scope(*ctx); },
       identify_options{options_.key_metadata, true, 64});
   if (auto* refused = std::get_if<error_info>(&who)) {
     reactor->Finish(status_of(*refused));

@@ -10,7 +10,8 @@
 //
 // What it does, in the order it does it:
 //  1. reads the key from `Idempotency-Key` (name configurable; a bare token or
-//     a quoted sf-string); required on POST and PATCH by default: missing or
+//     a quoted sf-string, one only: the header twice or a bare comma is a
+//     list, refused); required on POST and PATCH by default: missing or
 //     invalid is 400, before any database work;
 //  2. asks `scope` for the caller's identity (nullopt: 401 with
 //     `WWW-Authenticate`), so one client can never replay or block another's

@@ -58,7 +58,7 @@ class prepared_request {
   [[nodiscard]] const std::string& key() const noexcept { return key_; }
   [[nodiscard]] const std::string& body() const noexcept { return body_; }
   /// A fresh HTTP message for one attempt, carrying the key as
-  /// orpheus::key_header_value() writes it (quoted when it starts with '"').
+  /// orpheus::key_header_value() writes it (quoted when it starts with '"' or holds a comma).
   [[nodiscard]] http_request message(const std::string& key_header) const;
 
  private:
