@@ -34,7 +34,10 @@ Usage: pay_client --server URL --amount N [flags]
                       default 30 s lease; see docs/client.md)
 
 Prints the answer and how it was reached; exits 0 on a 2xx answer, 1 on any
-other answer, 2 on bad flags, 3 when it gave up without a final answer.
+other answer, 2 on bad flags, 3 when it gave up without a final answer or
+when the answer does not say what became of an earlier attempt that may
+have gone through (a 401 after a lost answer, say): then run it again with
+the same key (the journal keeps it).
 )";
 }  // namespace
 
@@ -99,10 +102,19 @@ int main(int argc, char** argv) {
       std::cout << "gave up after " << r.attempts << " attempts (" << r.elapsed.count() << " ms)\n";
       return 3;
     }
-    if (journal) journal->complete(name);
+    // The journal keeps the key until the answer says what became of the
+    // payment: after a lost answer, a 401 (say) does not, and a new key
+    // could pay twice.
+    if (journal && r.settled()) journal->complete(name);
     std::cout << "status " << r.response->result_int() << (r.replayed ? " replayed" : "") << "\n"
               << "attempts " << r.attempts << "\n"
               << r.response->body() << "\n";
+    if (!r.settled()) {
+      std::cout << "unsettled: an earlier attempt may have gone through, and this answer does "
+                   "not say; send it again later with key "
+                << key << "\n";
+      return 3;
+    }
     return r.response->result_int() / 100 == 2 ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "pay_client: " << e.what() << "\n";

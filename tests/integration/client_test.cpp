@@ -293,6 +293,54 @@ TEST(Client, RetriesAResetConnection408And429) {
   expect_same_key_and_body(s.seen(), req);
 }
 
+// Found in review: after an attempt whose answer was lost, a final answer
+// that does not come from the server's record (a 401 once the token
+// expired, a proxy's 404 during a deploy) was a plain "answered", and
+// pay_client forgot the key: its next run paid again under a new one.
+TEST(Client, AFinalAnswerAfterALostOneDoesNotSettleTheRequest) {
+  struct story {
+    const char* name;
+    std::deque<step> script;
+    bool in_doubt;
+    bool settled;
+  };
+  const std::vector<story> stories{
+      {"lost answer, then 401", {{0, {}, 0ms, true}, {401}}, true, false},
+      {"503, then a proxy's 404", {{503}, {404}}, true, false},
+      {"409 in progress, then 401", {{409}, {401}}, true, false},
+      {"lost answer, then the replayed record",
+       {{0, {}, 0ms, true}, {422, {{"Idempotent-Replayed", "true"}}}},
+       true,
+       true},
+      {"lost answer, then 201", {{0, {}, 0ms, true}, {201}}, true, true},
+      {"429 and 408 (not acted on), then 401", {{429}, {408}, {401}}, false, true},
+      {"401 at once", {{401}}, false, true},
+  };
+  for (const auto& s : stories) {
+    SCOPED_TRACE(s.name);
+    scripted_server server(s.script);
+    fake_time t;
+    client_options o;
+    o.time = t.make();
+    idempotent_client api(server.endpoint(), o);
+    const auto r = api.send(payment());
+    EXPECT_EQ(r.why, stop_reason::answered);
+    ASSERT_TRUE(r.response);
+    EXPECT_EQ(r.attempts, static_cast<int>(s.script.size()));
+    EXPECT_EQ(r.earlier_attempt_in_doubt, s.in_doubt);
+    EXPECT_EQ(r.settled(), s.settled);
+  }
+  // A call that stopped without a final answer settles nothing.
+  scripted_server busy({}, {503});
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  o.policy.max_attempts = 2;
+  const auto r = idempotent_client(busy.endpoint(), o).send(payment());
+  EXPECT_EQ(r.why, stop_reason::attempts_exhausted);
+  EXPECT_FALSE(r.settled());
+}
+
 // A replayed 408 is a handler's answer the server recorded: final.
 TEST(Client, AReplayed408IsFinal) {
   scripted_server s({}, step(408, {{"Idempotent-Replayed", "true"}}));
@@ -706,6 +754,45 @@ TEST(Journal, AClientKilledMidRequestResumesWithTheSameKey) {
   EXPECT_EQ("key " + seen[1].first, first_key);
   sqlite_key_journal j((dir / "keys.db").string());
   EXPECT_TRUE(j.pending().empty()) << "completed after the final answer";
+  std::filesystem::remove_all(dir);
+}
+
+// The journal keeps a key whose answer does not say what became of an
+// earlier attempt (found in review: a 401 after a lost answer completed it,
+// and the next run paid under a new key).
+TEST(Journal, AnAnswerThatDoesNotSettleALostAttemptKeepsTheKey) {
+  scripted_server s({{0, {}, 0ms, true}, {401}}, {201});
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/pay_client",
+                                      "--server",
+                                      "http://127.0.0.1:" + std::to_string(s.endpoint().port),
+                                      "--client",
+                                      "c1",
+                                      "--amount",
+                                      "1250",
+                                      "--journal",
+                                      (dir / "keys.db").string(),
+                                      "--name",
+                                      "order-10/pay"};
+  test::child_process first(argv);
+  const std::string first_key = first.read_line(10s).value_or("");
+  ASSERT_EQ(first_key.rfind("key ", 0), 0U);
+  EXPECT_EQ(first.read_line(10s).value_or(""), "status 401");
+  EXPECT_EQ(first.wait(), 3) << "not settled: run it again";
+  {
+    sqlite_key_journal j((dir / "keys.db").string());
+    EXPECT_EQ(j.pending(), std::vector<std::string>{"order-10/pay"});
+  }
+  test::child_process again(argv);
+  EXPECT_EQ(again.read_line(10s).value_or(""), first_key) << "the same key";
+  EXPECT_EQ(again.read_line(10s).value_or(""), "status 201");
+  EXPECT_EQ(again.wait(), 0);
+  const auto seen = s.seen();
+  ASSERT_EQ(seen.size(), 3U);
+  for (const auto& one : seen) EXPECT_EQ("key " + one.first, first_key);
+  sqlite_key_journal j((dir / "keys.db").string());
+  EXPECT_TRUE(j.pending().empty()) << "completed after the 201";
   std::filesystem::remove_all(dir);
 }
 

@@ -99,6 +99,13 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     info.wait = std::chrono::milliseconds(0);
     return stop(stop_reason::budget_exhausted);
   }
+  // Retried: did this attempt leave the request in doubt? Nothing reached
+  // the server on a failed connect, and a 408 or a 429 says it did not act.
+  const bool arrived =
+      info.status != 0
+          ? info.kind == error_kind::conflict || info.kind == error_kind::server
+          : may_have_arrived(failure ? failure->error_kind() : transport_failure::closed);
+  if (arrived) result_.earlier_attempt_in_doubt = true;
   if (o_.on_attempt) o_.on_attempt(info);
   return info.wait;
 }

@@ -94,6 +94,24 @@ struct call_result {
   stop_reason why = stop_reason::answered;
   error_kind last_error = error_kind::none;
   std::string key;
+  /// An attempt before the last may have been carried out: it went unanswered
+  /// after its request may have arrived (timeout, closed), or got a 409 (an
+  /// attempt in progress) or a 5xx (the server's, or a proxy's after the
+  /// server acted). A later answer that is neither 2xx nor a replay does not
+  /// say what became of it (a 401 once a token expired, a proxy's 404
+  /// during a deploy). See settled().
+  bool earlier_attempt_in_doubt = false;
+
+  /// True when `response` is what became of the request: a 2xx; a replay of
+  /// the server's record; or a final answer while no earlier attempt was in
+  /// doubt. False otherwise, and then the request may have been carried out:
+  /// keep its key, and send it again later with that key, never under a new
+  /// one (found in review: pay_client forgot the key on a 401 that followed
+  /// a lost answer, and its next run paid again under a new key).
+  [[nodiscard]] bool settled() const noexcept {
+    if (why != stop_reason::answered || !response) return false;
+    return response->result_int() / 100 == 2 || replayed || !earlier_attempt_in_doubt;
+  }
 };
 
 struct client_options {
