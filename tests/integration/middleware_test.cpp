@@ -141,6 +141,61 @@ TEST_F(Middleware, AKeySentTwiceOrAsAListIsRefusedAndRunsNothing) {
   EXPECT_EQ(rpc, 2);
 }
 
+// Found in review: a recorded 204 with a body made Beast's prepare_payload()
+// throw, so a charged payment was answered 500 "do not retry", and so was
+// every replay. And an observe hook that threw left the request with no
+// answer at all.
+TEST_F(Middleware, ANoContentAnswerWithABodyAndAThrowingObserverStillAnswer) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  middleware_options o;
+  o.scope = [](const http_request&) -> std::optional<std::string> { return "c1"; };
+  std::atomic<int> observed{0};
+  o.observe = [&](const http_request&, const http_response&, std::chrono::microseconds) {
+    ++observed;
+    throw std::runtime_error("a metrics bug");
+  };
+  middleware mw(*m_, pool, std::move(o));
+  int rpc = 0;
+  const auto run = [&](const std::string& key) {
+    auto answer = std::make_shared<std::promise<http_response>>();
+    mw.handle(
+        post(key, "{}"), [answer](http_response r) { answer->set_value(std::move(r)); },
+        [](tx&, const http_request&) { return std::string(); },
+        [&](const attempt&, const std::string&) { return ++rpc; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{204, {}, "{}"};
+        });
+    auto f = answer->get_future();
+    if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << "no answer";
+      return http_response{};
+    }
+    return f.get();
+  };
+  const auto first = run("no-content-1");
+  EXPECT_EQ(first.result_int(), 204U) << first.body();
+  EXPECT_TRUE(first.body().empty());
+  const auto replay = run("no-content-1");
+  EXPECT_EQ(replay.result_int(), 204U) << replay.body();
+  EXPECT_EQ(replay["Idempotent-Replayed"], "true");
+  EXPECT_TRUE(replay.body().empty());
+  EXPECT_EQ(rpc, 1);
+  EXPECT_EQ(observed, 2);
+  // Refused before the manager (identify): answered too.
+  auto no_key = post("", "{}");
+  std::promise<http_response> refused;
+  mw.handle(
+      std::move(no_key), [&](http_response r) { refused.set_value(std::move(r)); },
+      [](tx&, const http_request&) { return std::string(); },
+      [&](const attempt&, const std::string&) { return ++rpc; },
+      [](tx&, const attempt&, const outcome<int>&) {
+        return response{201, {}, ""};
+      });
+  EXPECT_EQ(refused.get_future().get().result_int(), 400U);
+  EXPECT_EQ(observed, 3);
+}
+
 // Issue 10, item 5: Pre-RPC may take the request id the middleware computed.
 TEST_F(Middleware, PreRpcCanTakeTheRequestId) {
   m_ = std::make_unique<manager>(*store_);
@@ -952,6 +1007,37 @@ TEST(Server, ClosesIdleAndSlowHeaderConnections) {
                  std::chrono::seconds(20))
                 .result_int(),
             200U);
+}
+
+// Found in review: a handler's 204 with a body made prepare_payload() throw
+// on the io thread (the process ended), and an answer to HEAD carried its
+// body, which a kept-alive client reads as the start of the next answer.
+TEST(Server, ANoContentAnswerAndAnAnswerToHeadCarryNoBody) {
+  server s({}, [](http_request&& req, responder respond) {
+    if (req.target() == "/no-content") {
+      http_response r{http::status::no_content, 11};
+      r.body() = "{}";
+      return respond(std::move(r));
+    }
+    respond(make_response(200, "body of " + std::string(req.target())));
+  });
+  s.start();
+  raw_connection c(s.port());
+  ASSERT_TRUE(
+      c.write("GET /no-content HTTP/1.1\r\nHost: x\r\n\r\n"
+              "HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n"
+              "GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const auto all = c.read_all();
+  const auto second = all.find("HTTP/1.1 200");
+  const auto third = all.find("HTTP/1.1 200", second + 1);
+  ASSERT_EQ(all.rfind("HTTP/1.1 204", 0), 0U) << all;
+  ASSERT_NE(second, std::string::npos) << all;
+  ASSERT_NE(third, std::string::npos) << all;
+  EXPECT_EQ(all.substr(0, second).find("{}"), std::string::npos) << "no body after a 204";
+  const std::string head = all.substr(second, third - second);
+  EXPECT_NE(head.find("Content-Length: 10"), std::string::npos) << head;
+  EXPECT_EQ(head.find("body of"), std::string::npos) << "no body after HEAD: " << head;
+  EXPECT_NE(all.find("body of /last", third), std::string::npos) << all;
 }
 
 // Issue 7, defect 13: a malformed request is refused with a fixed text, not

@@ -53,6 +53,29 @@ http_response drop_connection() {
   return r;
 }
 
+namespace {
+
+// Frames an answer (Content-Length), as Beast's prepare_payload() does, but
+// first drops what cannot go on the wire: a 1xx, 204 or 304 answer has no
+// body (RFC 9110, sections 6.4.1 and 15.4.5; found in review: a handler's
+// 204 with "{}" made prepare_payload() throw on an io thread, and the
+// process ended), and an answer to HEAD is its headers alone (a body after
+// them would read as the start of the next answer on a kept-alive
+// connection). False when it cannot be framed.
+bool framed(http_response& res, bool head) {
+  const unsigned status = res.result_int();
+  if (status < 200 || status == 204 || status == 304) res.body().clear();
+  try {
+    res.prepare_payload();
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (head) res.body().clear();  // Content-Length stays what GET's would be
+  return true;
+}
+
+}  // namespace
+
 class session;
 
 // Everything a running server owns. Sessions hold a shared_ptr to it, so the
@@ -168,11 +191,13 @@ class session : public std::enable_shared_from_this<session> {
       }
       auto r = make_response(status, std::move(why));
       r.keep_alive(false);
+      head_ = false;  // a request that did not parse has no method to go by
       return write(std::move(r));
     }
     served_one_ = true;
     http_request req = parser_->release();
     const bool keep_alive = req.keep_alive();
+    head_ = req.method() == http::verb::head;
     // The handler may answer later from another thread: hop back onto this
     // connection's strand to write. Exactly one answer is written, even if
     // the handler throws after handing its responder on.
@@ -200,7 +225,13 @@ class session : public std::enable_shared_from_this<session> {
       return;
     }
     auto res = std::make_shared<http_response>(std::move(r));
-    res->prepare_payload();
+    if (!framed(*res, head_)) {
+      // Found in review: Beast's prepare_payload() threw on an io thread,
+      // which took the process down.
+      *res = make_response(500, "internal error\n");
+      res->keep_alive(false);
+      res->prepare_payload();
+    }
     stream_.expires_after(owner_->options.read_timeout);
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](boost::beast::error_code ec, std::size_t) {
@@ -223,6 +254,7 @@ class session : public std::enable_shared_from_this<session> {
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool served_one_ = false;  // a new connection has nothing to be idle about
+  bool head_ = false;        // the request being answered is a HEAD
 };
 
 void server::impl::accept() {

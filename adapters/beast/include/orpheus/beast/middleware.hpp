@@ -102,7 +102,8 @@ struct middleware_options {
   /// JSON bodies nested deeper than this are refused with 400 before they
   /// are parsed (parsing and printing them recurses on the io thread).
   std::size_t max_json_depth = 64;
-  /// Called once per answered request (for metrics and logs).
+  /// Called once per answered request (for metrics and logs), before the
+  /// answer goes out; what it throws is logged, and the answer goes anyway.
   std::function<void(const http_request&, const http_response&, std::chrono::microseconds)> observe;
 };
 
@@ -196,6 +197,8 @@ class middleware {
   bool wait_again(const std::shared_ptr<pending>& p,
                   std::optional<std::chrono::milliseconds> retry_after);
   void finish(const pending& p, http_response res) const;
+  void notify_observer(const http_request& req, const http_response& res,
+                       std::chrono::steady_clock::time_point started) const noexcept;
   void log_internal(const error_info& e, std::string_view about) const;
   std::string retention_seconds() const;
   void submit(std::function<void()> job, const responder& respond);
