@@ -3,6 +3,7 @@
 #include "orpheus/beast/server.hpp"
 
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
@@ -10,6 +11,7 @@
 #include <boost/beast/http.hpp>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -89,17 +91,27 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   net::strand<net::io_context::executor_type> accept_strand{net::make_strand(ioc)};
   tcp::acceptor acceptor{accept_strand};
   net::steady_timer backoff{accept_strand};
+  net::steady_timer cap_timer{accept_strand};  // make_room's next look
   std::vector<std::thread> threads;
+  // Keeps the io threads running from start() to stop(). Found in review:
+  // with every connection's request in a handler and no accept pending (at
+  // max_connections, or after stop_accepting()), the io_context had no work
+  // left, run() returned, and the io threads ended: no answer was written
+  // again, and the server never accepted again.
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   mutable std::mutex mutex;  // guards what follows
   std::vector<std::weak_ptr<session>> sessions;
   std::size_t open = 0;   // sessions alive
   bool accepting = true;  // false after stop_accepting() or stop()
   bool paused = false;    // at max_connections: no accept pending
+  bool watching = false;  // at max_connections: wait_for_newcomer's loop runs
   bool stopped = false;
 
   void accept();
   void on_accept(boost::beast::error_code ec, tcp::socket s);
   void accept_next();
+  void wait_for_newcomer();
+  void make_room();
   void session_closed();
 
   // Posts `f` to the io_context unless the server has stopped: after stop()
@@ -133,6 +145,20 @@ class session : public std::enable_shared_from_this<session> {
     stream_.close();
   }
 
+  // Since when this keep-alive connection has waited for its next request
+  // (steady clock ticks), or -1 while it has a request (or none yet).
+  [[nodiscard]] std::int64_t idle_since() const noexcept { return idle_since_.load(); }
+
+  // At max_connections: close this connection if it is still idle, from its
+  // own strand. Nothing is in flight on it: an idle connection is one the
+  // server may close at any time (RFC 9112, section 9.6), as idle_timeout
+  // does.
+  void close_if_idle() {
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->idle_since_.load() >= 0) self->close();
+    });
+  }
+
   boost::beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
 
  private:
@@ -146,8 +172,10 @@ class session : public std::enable_shared_from_this<session> {
     parser_->body_limit(o.body_limit);
     if (!served_one_ || buffer_.size() > 0) return read_header();
     stream_.expires_after(o.idle_timeout);
+    idle_since_ = std::chrono::steady_clock::now().time_since_epoch().count();
     stream_.async_read_some(buffer_.prepare(1024), [self = shared_from_this()](
                                                        boost::beast::error_code ec, std::size_t n) {
+      self->idle_since_ = -1;
       if (ec) return self->on_read(ec);
       self->buffer_.commit(n);
       self->read_header();
@@ -253,8 +281,9 @@ class session : public std::enable_shared_from_this<session> {
   boost::beast::tcp_stream stream_;
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  bool served_one_ = false;  // a new connection has nothing to be idle about
-  bool head_ = false;        // the request being answered is a HEAD
+  bool served_one_ = false;                   // a new connection has nothing to be idle about
+  bool head_ = false;                         // the request being answered is a HEAD
+  std::atomic<std::int64_t> idle_since_{-1};  // see idle_since()
 };
 
 void server::impl::accept() {
@@ -297,17 +326,72 @@ void server::impl::on_accept(boost::beast::error_code ec, tcp::socket s) {
 }
 
 // Accepts the next connection, unless max_connections are open: then the
-// last session to close resumes (session_closed).
+// next session to close resumes (session_closed), and meanwhile a newcomer
+// waiting in the listen backlog gets room made for it (make_room).
 void server::impl::accept_next() {
   {
     std::lock_guard lock(mutex);
     if (!accepting || stopped) return;
     if (options.max_connections != 0 && open >= options.max_connections) {
       paused = true;
+      if (watching) return;
+      watching = true;
+    } else {
+      accept();
       return;
     }
   }
-  accept();
+  wait_for_newcomer();
+}
+
+// At the cap: waits until a connection is waiting to be accepted.
+void server::impl::wait_for_newcomer() {
+  acceptor.async_wait(tcp::acceptor::wait_read,
+                      [self = shared_from_this()](boost::beast::error_code ec) {
+                        if (ec) {  // stop() or stop_accepting() closed the acceptor
+                          std::lock_guard lock(self->mutex);
+                          self->watching = false;
+                          return;
+                        }
+                        self->make_room();
+                      });
+}
+
+// A newcomer waits while max_connections are open: the keep-alive
+// connection idle longest is closed, and its close resumes accepting. Found
+// in review: the server only waited, so clients that kept more connections
+// alive than the cap (a fleet's pools, or one client sending a cheap request
+// on each every minute) left every new connection unanswered in the backlog.
+// A connection with a request in flight is never cut; with none idle (or the
+// chosen one busy again), look again after accept_backoff.
+void server::impl::make_room() {
+  std::shared_ptr<session> idlest;
+  {
+    std::lock_guard lock(mutex);
+    if (!paused || !accepting || stopped) {
+      watching = false;
+      return;
+    }
+    std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
+    for (const auto& w : sessions) {
+      auto s = w.lock();
+      const std::int64_t since = s ? s->idle_since() : -1;
+      if (since >= 0 && since < oldest) {
+        oldest = since;
+        idlest = std::move(s);
+      }
+    }
+  }
+  if (idlest) idlest->close_if_idle();
+  cap_timer.expires_after(options.accept_backoff);
+  cap_timer.async_wait([self = shared_from_this()](boost::beast::error_code ec) {
+    if (ec) {
+      std::lock_guard lock(self->mutex);
+      self->watching = false;
+      return;
+    }
+    self->wait_for_newcomer();
+  });
 }
 
 void server::impl::session_closed() {
@@ -349,6 +433,7 @@ server::~server() {
 unsigned short server::port() const { return impl_->acceptor.local_endpoint().port(); }
 
 void server::start() {
+  impl_->work.emplace(impl_->ioc.get_executor());
   net::post(impl_->accept_strand, [i = impl_] { i->accept_next(); });
   const auto n = std::max<std::size_t>(1, impl_->options.io_threads);
   for (std::size_t i = 0; i < n; ++i) impl_->threads.emplace_back([i = impl_] { i->ioc.run(); });
@@ -369,6 +454,7 @@ void server::stop_accepting() {
     boost::beast::error_code ec;
     i->acceptor.close(ec);
     i->backoff.cancel();
+    i->cap_timer.cancel();
   };
   if (impl_->threads.empty()) {
     close();
@@ -393,6 +479,7 @@ void server::stop() {
     boost::beast::error_code ec;
     i->acceptor.close(ec);
     i->backoff.cancel();
+    i->cap_timer.cancel();
   };
   if (impl_->threads.empty()) {
     close_acceptor();  // never started: nothing else runs the loop
@@ -400,6 +487,7 @@ void server::stop() {
   } else {
     net::post(impl_->accept_strand, close_acceptor);
     for (const auto& s : open) net::post(s->executor(), [s] { s->close(); });
+    impl_->work.reset();
     net::post(impl_->ioc, [i = impl_] { i->ioc.stop(); });
     for (auto& t : impl_->threads) t.join();
     impl_->threads.clear();

@@ -23,8 +23,13 @@
 //
 // Accepting never stops for good (issue 7: one EMFILE used to end the accept
 // loop): with no file descriptor left the server waits `accept_backoff` and
-// tries again; with `max_connections` open it accepts no more until one
-// closes (the kernel's listen backlog holds the rest).
+// tries again. With `max_connections` open it accepts no more until one
+// closes (the kernel's listen backlog holds the rest); while a newcomer waits
+// there, the keep-alive connection idle longest is closed to make room (an
+// idle connection may be closed at any time, RFC 9112 section 9.6; one with a
+// request in flight never is), looking again every `accept_backoff` while
+// none is idle. The io threads run from start() to stop(), whether or not
+// any I/O is pending.
 //
 // Thread safety: the handler is called on an io thread and must not block;
 // `respond` may be called from any thread; only its first call is written. A
