@@ -342,17 +342,23 @@ TEST(Client, AFinalAnswerAfterALostOneDoesNotSettleTheRequest) {
 }
 
 // A replayed 408 is a handler's answer the server recorded: final.
-TEST(Client, AReplayed408IsFinal) {
-  scripted_server s({}, step(408, {{"Idempotent-Replayed", "true"}}));
-  fake_time t;
-  client_options o;
-  o.time = t.make();
-  idempotent_client api(s.endpoint(), o);
-  const auto r = api.send(payment());
-  EXPECT_EQ(r.attempts, 1);
-  EXPECT_EQ(r.why, stop_reason::answered);
-  EXPECT_TRUE(r.replayed);
-  EXPECT_EQ(r.response->result_int(), 408U);
+// So is any replayed status (found in review: a recorded 503 was retried
+// until the attempts ran out, and the caller was told nothing was settled).
+TEST(Client, AReplayedAnswerIsFinalWhateverItsStatus) {
+  for (const unsigned status : {408U, 409U, 429U, 500U, 503U}) {
+    SCOPED_TRACE(status);
+    scripted_server s({}, step(status, {{"Idempotent-Replayed", "true"}}));
+    fake_time t;
+    client_options o;
+    o.time = t.make();
+    idempotent_client api(s.endpoint(), o);
+    const auto r = api.send(payment());
+    EXPECT_EQ(r.attempts, 1);
+    EXPECT_EQ(r.why, stop_reason::answered);
+    EXPECT_TRUE(r.replayed);
+    EXPECT_TRUE(r.settled());
+    EXPECT_EQ(r.response->result_int(), status);
+  }
 }
 
 TEST(Client, AnAnswerSlowerThanTheAttemptTimeoutIsATimeout) {

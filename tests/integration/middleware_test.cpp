@@ -418,8 +418,16 @@ TEST(RetryLater, OneRuleForTheClientAndTheMiddleware) {
   http_response r{http::status::service_unavailable, 11};
   r.set(http::field::retry_after, "Wed, 21 Oct 2015 07:28:00 GMT");  // a date: the default
   EXPECT_EQ(retry_later_error(r)->retry_after, std::chrono::milliseconds(1000));
-  r.set(http::field::retry_after, "99999999999");  // absurd: the default
-  EXPECT_EQ(retry_later_error(r)->retry_after, std::chrono::milliseconds(1000));
+  // Longer than a day is a day (found in review: it became the default
+  // second, and clients came back at once during a maintenance window).
+  for (const auto* long_wait : {"172800", "99999999999"}) {
+    r.set(http::field::retry_after, long_wait);
+    EXPECT_EQ(retry_later_error(r)->retry_after, std::chrono::hours(24)) << long_wait;
+  }
+  for (const auto* not_seconds : {"-5", "3s", ""}) {
+    r.set(http::field::retry_after, not_seconds);
+    EXPECT_EQ(retry_later_error(r)->retry_after, std::chrono::milliseconds(1000)) << not_seconds;
+  }
   r.set(http::field::retry_after, "3");
   EXPECT_EQ(retry_later_error(r)->retry_after, std::chrono::milliseconds(3000));
   EXPECT_EQ(retry_later_error(http_response{http::status::ok, 11}), std::nullopt);

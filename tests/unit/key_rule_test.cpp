@@ -235,6 +235,16 @@ TEST(Validate, RetryPolicyThrowsConfigErrorLikeConfig) {
     EXPECT_EQ(e.code(), codes::invalid_config);
     EXPECT_FALSE(e.retryable());
   }
+  // Found in review: milliseconds::max() overflowed now + deadline.
+  for (auto client::retry_policy::*field :
+       {&client::retry_policy::deadline, &client::retry_policy::attempt_timeout,
+        &client::retry_policy::max_delay}) {
+    p = {};
+    p.*field = std::chrono::milliseconds::max();
+    EXPECT_THROW(client::validate(p), config_error);
+    p.*field = std::chrono::hours(24 * 7);
+    EXPECT_NO_THROW(client::validate(p));
+  }
 }
 
 }  // namespace

@@ -65,12 +65,18 @@ std::optional<error_info> retry_later_error(const http_response& res) {
   if ((status != 409 && !retry_later_status(status)) || says_final(res)) return std::nullopt;
   std::chrono::milliseconds retry_after{1000};
   if (auto it = res.find(http::field::retry_after); it != res.end()) {
-    // Delta-seconds only (an HTTP date is left to the default), at most a day.
+    // Delta-seconds only (an HTTP date is left to the default), cut to a
+    // day (found in review: a longer one, a maintenance window, became the
+    // default second, and clients came back at once).
     const std::string_view v = sv(it->value());
     unsigned seconds = 0;
     const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), seconds);
-    if (ec == std::errc() && end == v.data() + v.size() && seconds <= 86400)
-      retry_after = std::chrono::seconds(seconds);
+    const bool digits = !v.empty() && end == v.data() + v.size();
+    if (digits && ec == std::errc()) {
+      retry_after = std::chrono::seconds(std::min(seconds, 86400U));
+    } else if (digits && ec == std::errc::result_out_of_range) {
+      retry_after = std::chrono::seconds(86400);
+    }
   }
   const bool throttled = status == 429;
   std::string internal = "the handler answered " + std::to_string(status) + ": " +

@@ -63,9 +63,11 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     // defect 14); anything but a boolean is treated as absent.
     // (beast::says_final(), the rule the middleware applies too).
     if (info.kind != error_kind::none && beast::says_final(*res)) info.kind = error_kind::none;
-    // A replayed 408 is an answer the server recorded (a handler's), not
-    // one about this delivery: final (found in review of the 408 retry).
-    if (info.status == 408 && (*res)["Idempotent-Replayed"] == "true") info.kind = error_kind::none;
+    // A replayed answer is one the server recorded for good (a handler's),
+    // not one about this delivery: final whatever its status (found in
+    // review of the 408 retry; then of a recorded 503, retried until the
+    // attempts ran out, which told the caller nothing was settled).
+    if ((*res)["Idempotent-Replayed"] == "true") info.kind = error_kind::none;
     const auto ra = (*res)[http::field::retry_after];
     if (!ra.empty())
       retry_after = parse_retry_after(std::string_view(ra.data(), ra.size()), o_.time.wall_now());

@@ -89,6 +89,12 @@ void validate(const retry_policy& p) {
   if (p.deadline.count() <= 0 || p.attempt_timeout.count() <= 0) {
     throw config_error("retry_policy: deadline and attempt_timeout must be positive");
   }
+  // Found in review: milliseconds::max() passed, and now + deadline
+  // overflowed, so every call stopped at once with "deadline".
+  constexpr std::chrono::milliseconds week = std::chrono::hours(24 * 7);
+  if (p.deadline > week || p.attempt_timeout > week || p.max_delay > week) {
+    throw config_error("retry_policy: deadline, attempt_timeout and max_delay are at most a week");
+  }
 }
 
 std::chrono::milliseconds backoff(const retry_policy& p, int retry,
