@@ -517,7 +517,9 @@ TEST(HttpClient, TheDeadlineEndsACallOnAListenerThatNeverAccepts) {
 }
 
 // Waiting for a connection of an endpoint at its limit counts against the
-// call's deadline.
+// call's deadline; a call that never got one sent nothing: `connect`, not an
+// in-doubt `timeout` (found in review: a payment that never left held its
+// key until the attempt's deadline).
 TEST(HttpClient, TheDeadlineCoversWaitingForAConnection) {
   scripted_server s([](int) { return act::never_answer; });
   std::promise<http_result> first;  // outlives the client, which ends the call
@@ -526,7 +528,7 @@ TEST(HttpClient, TheDeadlineCoversWaitingForAConnection) {
   http_client c(o);
   c.async_send(s.endpoint(), get(), guard, [&](http_result r) { first.set_value(std::move(r)); });
   ASSERT_TRUE(s.wait_requests(1));
-  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), get(), 100ms); }), transport_error::kind::timeout);
+  EXPECT_EQ(error_of([&] { c.send(s.endpoint(), get(), 100ms); }), transport_error::kind::connect);
   EXPECT_EQ(s.accepted(), 1);
   EXPECT_EQ(s.requests(), 1);
 }

@@ -524,7 +524,11 @@ net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
   }
   std::erase(pool.waiters, w);
   if (stopping) throw shutting_down(where);
-  throw transport_error(transport_error::kind::timeout,
+  // Nothing of this request was sent: `connect`, not `timeout` (found in
+  // review: a timeout reads as in doubt, so a payment that never left held
+  // its key until the attempt's deadline). A re-sending reports it as
+  // `closed` (in_doubt_once_sent).
+  throw transport_error(transport_error::kind::connect,
                         where + ": no connection free before the deadline");
 }
 
