@@ -1,4 +1,5 @@
 // One payment, sent the careful way. See --help.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -72,8 +73,13 @@ int main(int argc, char** argv) {
     const std::string body =
         nlohmann::json{{"amount", amount}, {"currency", currency}, {"customer", customer}}.dump();
     std::unique_ptr<orpheus::client::sqlite_key_journal> journal;
+    // A key given, or one an earlier run left in the journal, may have been
+    // sent already: only an answer that says what became of it settles it.
+    bool resuming = !key.empty();
     if (!journal_path.empty()) {
       journal = std::make_unique<orpheus::client::sqlite_key_journal>(journal_path);
+      const auto pending = journal->pending();
+      resuming = resuming || std::find(pending.begin(), pending.end(), name) != pending.end();
       const auto journaled = journal->key_for(name, orpheus::fingerprint_of(body));
       if (!key.empty() && key != journaled)
         f.fail("--key differs from the journal's key for --name");
@@ -90,13 +96,14 @@ int main(int argc, char** argv) {
                 << "\n";
     };
     orpheus::client::idempotent_client api(orpheus::beast::parse_http_url(server), options);
-    const orpheus::client::prepared_request req(
+    orpheus::client::prepared_request req(
         boost::beast::http::verb::post, "/v1/payments", body,
         {{"Content-Type", "application/json"},
          api_key.empty()
              ? std::pair<std::string, std::string>{"X-Client-Id", client}
              : std::pair<std::string, std::string>{"Authorization", "Bearer " + api_key}},
         key);
+    req.resuming(resuming);
     const auto r = api.send(req);
     if (r.why != orpheus::client::stop_reason::answered) {
       std::cout << "gave up after " << r.attempts << " attempts (" << r.elapsed.count() << " ms)\n";

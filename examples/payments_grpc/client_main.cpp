@@ -27,8 +27,9 @@ Usage: payments_grpc_client --server HOST:PORT --amount N [flags]
   --attempts N        attempt cap (default 8)
 
 Prints the payment; exits 0 on OK, 1 on a final refusal, 2 on bad flags, 3
-when it gave up without a final answer (the key is printed first: send again
-with --key to finish the same payment).
+when it gave up without a final answer, or when a refusal does not say what
+became of an earlier attempt that may have gone through (the key is printed
+first: send again with --key to finish the same payment).
 )";
 }  // namespace
 
@@ -47,6 +48,11 @@ int main(int argc, char** argv) {
   if (server.empty() || api_key.empty() || request.amount() <= 0 || attempts < 1) {
     f.fail("--server, --api-key (or ORPHEUS_API_KEY) and --amount are required");
   }
+  // An attempt that may have reached the server (no answer, ABORTED while
+  // another attempt held the key, UNAVAILABLE), or a run before this one
+  // (--key): a later refusal that is not the server's record (an expired
+  // token, a proxy's error) does not say what became of it.
+  bool in_doubt = !key.empty();
   if (key.empty()) key = "pay-" + orpheus::random_token(16);
   std::cout << "key " << key << std::endl;  // before the first send
 
@@ -56,7 +62,7 @@ int main(int argc, char** argv) {
   auto backoff = std::chrono::milliseconds(100);
   for (long n = 1; n <= attempts; ++n) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("idempotency-key", key);
+    ctx.AddMetadata("idempotency-key", orpheus::key_header_value(key));  // quoted if need be
     ctx.AddMetadata("authorization", "Bearer " + api_key);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     payments::v1::Payment reply;
@@ -70,7 +76,17 @@ int main(int argc, char** argv) {
       return 0;
     }
     std::cerr << "attempt " << n << ": " << s.error_code() << " " << s.error_message() << "\n";
-    if (!orpheus::grpc::may_retry(s)) return 1;
+    if (!orpheus::grpc::may_retry(s)) {
+      const auto& md = ctx.GetServerInitialMetadata();
+      if (in_doubt && md.find("idempotent-replayed") == md.end()) {
+        std::cout << "unsettled: an earlier attempt may have gone through; send again later "
+                     "with --key "
+                  << key << "\n";
+        return 3;
+      }
+      return 1;
+    }
+    in_doubt = in_doubt || s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED;
     // Full jitter under the cap; never sooner than the server asks.
     auto wait =
         std::chrono::milliseconds(std::uniform_int_distribution<long>(0, backoff.count())(rng));

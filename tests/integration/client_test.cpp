@@ -330,6 +330,18 @@ TEST(Client, AFinalAnswerAfterALostOneDoesNotSettleTheRequest) {
     EXPECT_EQ(r.earlier_attempt_in_doubt, s.in_doubt);
     EXPECT_EQ(r.settled(), s.settled);
   }
+  // A request an earlier run may have sent starts in doubt.
+  {
+    scripted_server refused(std::deque<step>{step(401)});
+    fake_time t;
+    client_options o;
+    o.time = t.make();
+    auto req = payment();
+    req.resuming();
+    const auto r = idempotent_client(refused.endpoint(), o).send(req);
+    EXPECT_TRUE(r.earlier_attempt_in_doubt);
+    EXPECT_FALSE(r.settled());
+  }
   // A call that stopped without a final answer settles nothing.
   scripted_server busy({}, {503});
   fake_time t;
@@ -797,6 +809,44 @@ TEST(Journal, AnAnswerThatDoesNotSettleALostAttemptKeepsTheKey) {
   const auto seen = s.seen();
   ASSERT_EQ(seen.size(), 3U);
   for (const auto& one : seen) EXPECT_EQ("key " + one.first, first_key);
+  sqlite_key_journal j((dir / "keys.db").string());
+  EXPECT_TRUE(j.pending().empty()) << "completed after the 201";
+  std::filesystem::remove_all(dir);
+}
+
+// The same across runs (found in review of the fix above: a run resuming a
+// journaled key had no earlier attempt of its own, so its 401 settled the
+// key, and the next run paid under a new one).
+TEST(Journal, AResumedKeyIsSettledOnlyByAnAnswerThatSaysWhatBecameOfIt) {
+  scripted_server s({{0, {}, 0ms, true}, {401}}, {201});
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/pay_client",
+                                      "--server",
+                                      "http://127.0.0.1:" + std::to_string(s.endpoint().port),
+                                      "--client",
+                                      "c1",
+                                      "--amount",
+                                      "1250",
+                                      "--journal",
+                                      (dir / "keys.db").string(),
+                                      "--name",
+                                      "order-11/pay",
+                                      "--attempts",
+                                      "1"};
+  test::child_process lost(argv);  // its only attempt loses its answer
+  const std::string key = lost.read_line(10s).value_or("");
+  ASSERT_EQ(key.rfind("key ", 0), 0U);
+  EXPECT_EQ(lost.wait(), 3);
+  test::child_process refused(argv);  // resumes the key; a 401 settles nothing
+  EXPECT_EQ(refused.read_line(10s).value_or(""), key);
+  EXPECT_EQ(refused.read_line(10s).value_or(""), "status 401");
+  EXPECT_EQ(refused.wait(), 3);
+  test::child_process paid(argv);
+  EXPECT_EQ(paid.read_line(10s).value_or(""), key) << "still the same key";
+  EXPECT_EQ(paid.read_line(10s).value_or(""), "status 201");
+  EXPECT_EQ(paid.wait(), 0);
+  EXPECT_EQ(s.seen().size(), 3U);
   sqlite_key_journal j((dir / "keys.db").string());
   EXPECT_TRUE(j.pending().empty()) << "completed after the 201";
   std::filesystem::remove_all(dir);

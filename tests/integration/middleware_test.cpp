@@ -1112,6 +1112,9 @@ TEST(Server, ANoContentAnswerAndAnAnswerToHeadCarryNoBody) {
       r.body() = "{}";
       return respond(std::move(r));
     }
+    if (req.target() == "/continue") {  // never a final answer: a 500, then close
+      return respond(http_response{http::status::continue_, 11});
+    }
     respond(make_response(200, "body of " + std::string(req.target())));
   });
   s.start();
@@ -1131,6 +1134,10 @@ TEST(Server, ANoContentAnswerAndAnAnswerToHeadCarryNoBody) {
   EXPECT_NE(head.find("Content-Length: 10"), std::string::npos) << head;
   EXPECT_EQ(head.find("body of"), std::string::npos) << "no body after HEAD: " << head;
   EXPECT_NE(all.find("body of /last", third), std::string::npos) << all;
+  raw_connection interim(s.port());
+  ASSERT_TRUE(interim.write("GET /continue HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const auto refused = interim.read_all();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 500", 0), 0U) << refused;
 }
 
 // Issue 7, defect 13: a malformed request is refused with a fixed text, not

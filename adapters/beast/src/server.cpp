@@ -2,6 +2,8 @@
 
 #include "orpheus/beast/server.hpp"
 
+#include <poll.h>
+
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -58,7 +60,7 @@ http_response drop_connection() {
 namespace {
 
 // Frames an answer (Content-Length), as Beast's prepare_payload() does, but
-// first drops what cannot go on the wire: a 1xx, 204 or 304 answer has no
+// first drops what cannot go on the wire: a 204 or 304 answer has no
 // body (RFC 9110, sections 6.4.1 and 15.4.5; found in review: a handler's
 // 204 with "{}" made prepare_payload() throw on an io thread, and the
 // process ended), and an answer to HEAD is its headers alone (a body after
@@ -66,7 +68,10 @@ namespace {
 // connection). False when it cannot be framed.
 bool framed(http_response& res, bool head) {
   const unsigned status = res.result_int();
-  if (status < 200 || status == 204 || status == 304) res.body().clear();
+  // A 1xx is never a final answer (a client reads it as interim and waits
+  // for the real one): found in review.
+  if (status < 200) return false;
+  if (status == 204 || status == 304) res.body().clear();
   try {
     res.prepare_payload();
   } catch (const std::exception&) {
@@ -140,6 +145,7 @@ class session : public std::enable_shared_from_this<session> {
 
   // Called by stop(), on an io thread (posted before the loop stops).
   void close() {
+    closing_ = true;
     boost::beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -177,6 +183,11 @@ class session : public std::enable_shared_from_this<session> {
                                                        boost::beast::error_code ec, std::size_t n) {
       self->idle_since_ = -1;
       if (ec) return self->on_read(ec);
+      // Closed (close_if_idle) after these bytes arrived but before this
+      // ran: the request is dropped unread, as if it came after the close
+      // (found in review: it was parsed from the buffer and run, and its
+      // answer had no socket to go to).
+      if (self->closing_) return;
       self->buffer_.commit(n);
       self->read_header();
     });
@@ -284,6 +295,7 @@ class session : public std::enable_shared_from_this<session> {
   bool served_one_ = false;                   // a new connection has nothing to be idle about
   bool head_ = false;                         // the request being answered is a HEAD
   std::atomic<std::int64_t> idle_since_{-1};  // see idle_since()
+  bool closing_ = false;                      // close() ran: nothing more is read
 };
 
 void server::impl::accept() {
@@ -365,6 +377,10 @@ void server::impl::wait_for_newcomer() {
 // A connection with a request in flight is never cut; with none idle (or the
 // chosen one busy again), look again after accept_backoff.
 void server::impl::make_room() {
+  // Every session locked here is let go after the mutex (found in review: a
+  // session whose last other owner let go meanwhile was destroyed under the
+  // lock, and its destructor's session_closed() locked it again).
+  std::vector<std::shared_ptr<session>> alive;
   std::shared_ptr<session> idlest;
   {
     std::lock_guard lock(mutex);
@@ -372,13 +388,21 @@ void server::impl::make_room() {
       watching = false;
       return;
     }
-    std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
+    alive.reserve(sessions.size());
     for (const auto& w : sessions) {
-      auto s = w.lock();
-      const std::int64_t since = s ? s->idle_since() : -1;
+      if (auto s = w.lock()) alive.push_back(std::move(s));
+    }
+  }
+  // Only for a newcomer still waiting: an accept resumed meanwhile may have
+  // taken the one this loop woke for (found in review).
+  pollfd listening{acceptor.native_handle(), POLLIN, 0};
+  if (::poll(&listening, 1, 0) == 1 && (listening.revents & POLLIN) != 0) {
+    std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
+    for (const auto& s : alive) {
+      const std::int64_t since = s->idle_since();
       if (since >= 0 && since < oldest) {
         oldest = since;
-        idlest = std::move(s);
+        idlest = s;
       }
     }
   }

@@ -38,6 +38,7 @@ http_request prepared_request::message(const std::string& key_header) const {
 retry_loop::retry_loop(const client_options& o, const prepared_request& req)
     : o_(o), started_(o.time.now()), rng_(std::random_device{}()) {
   result_.key = req.key();
+  result_.earlier_attempt_in_doubt = req.resuming_earlier_run();
 }
 
 std::chrono::milliseconds retry_loop::attempt_timeout() const {

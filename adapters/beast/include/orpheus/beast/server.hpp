@@ -35,9 +35,10 @@
 // `respond` may be called from any thread; only its first call is written. A
 // handler that throws gets a 500 (unless it already answered) and the
 // connection is closed; the server carries on. The server frames every
-// answer (Content-Length): the body of a 1xx, 204 or 304 answer is dropped,
-// as HTTP has no room for it, and an answer to HEAD goes out as its headers
-// alone.
+// answer (Content-Length): the body of a 204 or 304 answer is dropped, as
+// HTTP has no room for it; a 1xx, which is never a final answer, becomes a
+// 500 with the connection closed; and an answer to HEAD goes out as its
+// headers alone.
 #pragma once
 
 #include <boost/beast/http/message.hpp>

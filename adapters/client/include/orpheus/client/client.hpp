@@ -57,6 +57,18 @@ class prepared_request {
 
   [[nodiscard]] const std::string& key() const noexcept { return key_; }
   [[nodiscard]] const std::string& body() const noexcept { return body_; }
+
+  /// Says that an earlier run (a process that crashed or gave up, a key
+  /// kept in a journal) may have sent this request already: its calls start
+  /// with call_result::earlier_attempt_in_doubt set, so only an answer that
+  /// says what became of the request is settled() (found in review: a
+  /// resumed key answered 401 was "settled", the journal forgot it, and the
+  /// next run paid under a new key).
+  prepared_request& resuming(bool may_have_been_sent = true) noexcept {
+    resuming_ = may_have_been_sent;
+    return *this;
+  }
+  [[nodiscard]] bool resuming_earlier_run() const noexcept { return resuming_; }
   /// A fresh HTTP message for one attempt, carrying the key as
   /// orpheus::key_header_value() writes it (quoted when it starts with '"' or holds a comma).
   [[nodiscard]] http_request message(const std::string& key_header) const;
@@ -67,6 +79,7 @@ class prepared_request {
   std::string body_;
   std::vector<std::pair<std::string, std::string>> headers_;
   std::string key_;
+  bool resuming_ = false;
 };
 
 enum class stop_reason {
@@ -94,7 +107,8 @@ struct call_result {
   stop_reason why = stop_reason::answered;
   error_kind last_error = error_kind::none;
   std::string key;
-  /// An attempt before the last may have been carried out: it went unanswered
+  /// An attempt before the last (or an earlier run's, when the request was
+  /// prepared_request::resuming()) may have been carried out: it went unanswered
   /// after its request may have arrived (timeout, closed), or got a 409 (an
   /// attempt in progress) or a 5xx (the server's, or a proxy's after the
   /// server acted). A later answer that is neither 2xx nor a replay does not

@@ -37,7 +37,10 @@ class key_journal {
   /// written durably before this returns. Throws payload_changed when `name`
   /// was journaled with another payload fingerprint.
   virtual std::string key_for(std::string_view name, std::string_view payload_fingerprint) = 0;
-  /// The logical request got a final answer; its entry is removed.
+  /// The logical request got an answer that settles it (call_result::
+  /// settled(): a 2xx, a replay, or a final answer with nothing in doubt
+  /// before it); its entry is removed. A run that resumes a pending entry
+  /// sends with prepared_request::resuming().
   virtual void complete(std::string_view name) = 0;
   /// Logical requests started and not completed, oldest first.
   virtual std::vector<std::string> pending() = 0;
