@@ -425,6 +425,58 @@ TEST(SqliteStore, MembersOfABatchCommittedByExclusivelyAreWokenBeforeItsWork) {
   });
 }
 
+// Found in review: an exception while ending a member's savepoint (an
+// allocation) left leave() without passing the turn on, and every later
+// write of the process waited for good. The member is undone instead, and
+// told so with a plain retryable failure (nothing of it kept); the next
+// member and the next job go through.
+TEST(SqliteStore, AFailureWhileEndingAMemberUndoesItAndTheNextWriteGoesThrough) {
+  sqlite_detail::single_writer w(
+      sqlite_options{.path = fresh_path(), .busy_timeout = std::chrono::seconds(30)});
+  w.exclusively([](sqlite_detail::connection& c) { c.exec("CREATE TABLE r (id INTEGER)"); });
+  std::atomic<int> fail_next{0};
+  w.on_end_member_for_tests([&] {
+    if (fail_next.exchange(0) != 0) throw std::bad_alloc();
+  });
+  const auto count = [&w] {
+    std::int64_t n = -1;
+    w.exclusively([&](sqlite_detail::connection& c) {
+      n = c.run("SELECT COUNT(*) FROM r", {}).at(0).get<std::int64_t>(0);
+    });
+    return n;
+  };
+  within(std::chrono::seconds(120), [&] {
+    // A thread's member.
+    fail_next = 1;
+    const auto t = w.enter();
+    w.conn().exec("INSERT INTO r (id) VALUES (1)");
+    try {
+      w.leave(t, /*keep=*/true);
+      ADD_FAILURE() << "told its row was kept";
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_FALSE(e.in_doubt()) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a storage_error: " << e.what();
+    }
+    const auto next = w.enter();  // hung here before the fix
+    w.conn().exec("INSERT INTO r (id) VALUES (2)");
+    w.leave(next, /*keep=*/true);
+    EXPECT_EQ(count(), 1) << "the first member's row was undone";
+    // A job on the writer's thread.
+    fail_next = 1;
+    try {
+      w.run([](sqlite_detail::connection& c) { c.exec("INSERT INTO r (id) VALUES (3)"); });
+      ADD_FAILURE() << "told the job's row was kept";
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+    }
+    w.run([](sqlite_detail::connection& c) { c.exec("INSERT INTO r (id) VALUES (4)"); });
+    EXPECT_EQ(count(), 2);
+    return 0;
+  });
+}
+
 // Found in review: a failed batch's outcome was kept in a map of the last
 // 4,096 failures, so a member the scheduler put off past 4,096 more failed
 // batches (a failing disk fails them fast) read "committed", and its caller

@@ -16,6 +16,20 @@ storage_error batch_rolled_back() {
       "sqlite: the database rolled the batch back after an error; nothing of it was committed");
 }
 
+// Ending a member failed with `e` (an allocation), and the member was undone
+// instead: a plain retryable failure, nothing kept (not in doubt).
+storage_error ending_failed(const std::exception_ptr& e) {
+  std::string what = "an unknown exception";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    what = x.what();
+  } catch (...) {  // keep the generic text
+  }
+  return storage_error::transient("sqlite: ending this transaction failed (" + what +
+                                  "); it was undone, nothing of it was kept");
+}
+
 // A job that was undone (it threw, or its statements failed) in a batch that
 // was then lost, or that did not finish in time.
 storage_error undone_in_unsure_batch() {
@@ -346,7 +360,15 @@ void single_writer::run_one(job& j) {
   } catch (...) {
     j.thrown = std::current_exception();
   }
-  j.kept = end_member(!j.thrown, j.own);
+  std::exception_ptr ending;
+  j.kept = end_member_or_undo(!j.thrown, j.own, ending);
+  if (ending && !j.thrown) {
+    try {
+      j.own = ending_failed(ending);
+    } catch (...) {  // out of memory again: the exception itself says it
+      j.thrown = ending;
+    }
+  }
 }
 
 single_writer::member_ticket single_writer::enter() {
@@ -379,7 +401,8 @@ void single_writer::leave(const member_ticket& member, bool keep) {
   const std::uint64_t batch = member.batch;
   // 1. The member's own savepoint, while it still has the connection.
   std::optional<storage_error> own_failure;
-  const bool kept = end_member(keep, own_failure);
+  std::exception_ptr ending;  // rethrown once the turn is passed on
+  const bool kept = end_member_or_undo(keep, own_failure, ending);
   const bool outer_alive = sqlite3_get_autocommit(conn_->db()) == 0;
 
   std::unique_lock lock(m_);
@@ -414,6 +437,7 @@ void single_writer::leave(const member_ticket& member, bool keep) {
   if (done) batch_failure = member.gate->failure;
   wake_and_unlock(lock);
   if (!keep) return;
+  if (ending) throw ending_failed(ending);
   if (own_failure) throw *own_failure;
   if (!done) {
     throw storage_error::transient(
@@ -452,6 +476,21 @@ bool single_writer::end_member(bool keep, std::optional<storage_error>& own) {
     } catch (const storage_error& e) {
       own = e;
     }
+  }
+  undo_member();
+  return false;
+}
+
+// end_member(), and when that throws (an allocation: found in review, the
+// turn was never passed on and every later write of the process waited for
+// good), the member is undone instead and `thrown` says why.
+bool single_writer::end_member_or_undo(bool keep, std::optional<storage_error>& own,
+                                       std::exception_ptr& thrown) noexcept {
+  try {
+    if (end_member_hook_) end_member_hook_();
+    return end_member(keep, own);
+  } catch (...) {
+    thrown = std::current_exception();
   }
   undo_member();
   return false;

@@ -125,6 +125,10 @@ class single_writer {
   /// waiting for its batch, before it reads the batch's outcome (a thread
   /// the scheduler put off that long). Set before any member enters.
   void on_batch_waited_for_tests(std::function<void()> hook) { batch_waited_ = std::move(hook); }
+  /// Tests only: called as a member's savepoint is ended, on the thread
+  /// whose turn it is; what it throws stands for a failure there (an
+  /// allocation). Set before any member enters.
+  void on_end_member_for_tests(std::function<void()> hook) { end_member_hook_ = std::move(hook); }
 
  private:
   // A job: a body and what became of it. Written under m_, except by the
@@ -146,6 +150,8 @@ class single_writer {
   void run_jobs(std::unique_lock<std::mutex>& lock);
   void run_one(job& j);
   bool end_member(bool keep, std::optional<storage_error>& own);
+  bool end_member_or_undo(bool keep, std::optional<storage_error>& own,
+                          std::exception_ptr& thrown) noexcept;
   void undo_member();
   void open_batch(std::unique_lock<std::mutex>& lock);
   /// The open batch may take more members (max_batch, max_batch_age).
@@ -200,7 +206,8 @@ class single_writer {
   bool committing_ = false;      // commit_batch()'s own COMMIT is running
   bool foreign_commit_ = false;  // another COMMIT ran since the batch opened
   sqlite_writer_stats stats_;
-  std::function<void()> batch_waited_;  // on_batch_waited_for_tests()
+  std::function<void()> batch_waited_;     // on_batch_waited_for_tests()
+  std::function<void()> end_member_hook_;  // on_end_member_for_tests()
 
   // Jobs not yet run, in arrival order, and the gate their threads sleep on:
   // the jobs queued together run together (the writer takes them all), and
