@@ -38,7 +38,10 @@ Prints the answer and how it was reached; exits 0 on a 2xx answer, 1 on any
 other answer, 2 on bad flags, 3 when it gave up without a final answer or
 when the answer does not say what became of an earlier attempt that may
 have gone through (a 401 after a lost answer, say): then run it again with
-the same key (the journal keeps it).
+the same key (the journal keeps it). With --key, or a key an earlier run
+left in the journal, every answer but a 2xx or a replay is such an answer:
+a refusal that retrying cannot cure (a 422 for a key used with another
+payload) exits 3 on every run, and needs a person.
 )";
 }  // namespace
 

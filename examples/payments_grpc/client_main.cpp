@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <iostream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -53,6 +54,9 @@ int main(int argc, char** argv) {
   // (--key): a later refusal that is not the server's record (an expired
   // token, a proxy's error) does not say what became of it.
   bool in_doubt = !key.empty();
+  if (const auto why = key.empty() ? std::nullopt : orpheus::invalid_key_reason(key)) {
+    f.fail("--key: " + *why);  // refused here, not by the server run after run
+  }
   if (key.empty()) key = "pay-" + orpheus::random_token(16);
   std::cout << "key " << key << std::endl;  // before the first send
 
