@@ -736,23 +736,33 @@ TEST(Journal, KeepsTheKeyOfALogicalRequestAndRefusesAnotherPayload) {
   std::filesystem::remove(path);
 }
 
+// pay_client paying 1250 for client c1 through `port`, with a journal in
+// `dir` under `name`.
+std::vector<std::string> pay_client_argv(unsigned short port, const std::filesystem::path& dir,
+                                         const std::string& name,
+                                         const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/pay_client",
+                                "--server",
+                                "http://127.0.0.1:" + std::to_string(port),
+                                "--client",
+                                "c1",
+                                "--amount",
+                                "1250",
+                                "--journal",
+                                (dir / "keys.db").string(),
+                                "--name",
+                                name};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
 // A client process killed while its request hangs is started again and
 // resumes the same logical request with the same key.
 TEST(Journal, AClientKilledMidRequestResumesWithTheSameKey) {
   scripted_server s({{0, {}, 60s}}, {201});  // the first request never gets an answer
   const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
   std::filesystem::create_directories(dir);
-  const std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/pay_client",
-                                      "--server",
-                                      "http://127.0.0.1:" + std::to_string(s.endpoint().port),
-                                      "--client",
-                                      "c1",
-                                      "--amount",
-                                      "1250",
-                                      "--journal",
-                                      (dir / "keys.db").string(),
-                                      "--name",
-                                      "order-9/pay"};
+  const auto argv = pay_client_argv(s.endpoint().port, dir, "order-9/pay");
   std::string first_key;
   {
     test::child_process doomed(argv);
@@ -782,17 +792,7 @@ TEST(Journal, AnAnswerThatDoesNotSettleALostAttemptKeepsTheKey) {
   scripted_server s({{0, {}, 0ms, true}, {401}}, {201});
   const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
   std::filesystem::create_directories(dir);
-  const std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/pay_client",
-                                      "--server",
-                                      "http://127.0.0.1:" + std::to_string(s.endpoint().port),
-                                      "--client",
-                                      "c1",
-                                      "--amount",
-                                      "1250",
-                                      "--journal",
-                                      (dir / "keys.db").string(),
-                                      "--name",
-                                      "order-10/pay"};
+  const auto argv = pay_client_argv(s.endpoint().port, dir, "order-10/pay");
   test::child_process first(argv);
   const std::string first_key = first.read_line(10s).value_or("");
   ASSERT_EQ(first_key.rfind("key ", 0), 0U);
@@ -821,19 +821,7 @@ TEST(Journal, AResumedKeyIsSettledOnlyByAnAnswerThatSaysWhatBecameOfIt) {
   scripted_server s({{0, {}, 0ms, true}, {401}}, {201});
   const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
   std::filesystem::create_directories(dir);
-  const std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/pay_client",
-                                      "--server",
-                                      "http://127.0.0.1:" + std::to_string(s.endpoint().port),
-                                      "--client",
-                                      "c1",
-                                      "--amount",
-                                      "1250",
-                                      "--journal",
-                                      (dir / "keys.db").string(),
-                                      "--name",
-                                      "order-11/pay",
-                                      "--attempts",
-                                      "1"};
+  const auto argv = pay_client_argv(s.endpoint().port, dir, "order-11/pay", {"--attempts", "1"});
   test::child_process lost(argv);  // its only attempt loses its answer
   const std::string key = lost.read_line(10s).value_or("");
   ASSERT_EQ(key.rfind("key ", 0), 0U);
