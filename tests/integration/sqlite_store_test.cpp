@@ -477,6 +477,47 @@ TEST(SqliteStore, AFailureWhileEndingAMemberUndoesItAndTheNextWriteGoesThrough) 
   });
 }
 
+// Found in review of the test above: when undoing a member failed too (no
+// statement could run), the batch went on, and its COMMIT kept the writes
+// of a member told "nothing kept". Such a batch is doomed: rolled back, and
+// its members that kept are told it failed.
+TEST(SqliteStore, ABatchWhoseMemberCannotBeUndoneIsRolledBackNotCommitted) {
+  sqlite_detail::single_writer w(sqlite_options{.path = fresh_path(),
+                                                .busy_timeout = std::chrono::seconds(30),
+                                                .max_batch_age = std::chrono::minutes(10)});
+  w.exclusively([](sqlite_detail::connection& c) { c.exec("CREATE TABLE r (id INTEGER)"); });
+  std::atomic<bool> undo_fails{false};
+  w.on_undo_for_tests([&] { return undo_fails.load(); });
+  within(std::chrono::seconds(120), [&] {
+    const auto kept = w.enter();
+    w.conn().exec("INSERT INTO r (id) VALUES (1)");
+    auto undone = std::async(std::launch::async, [&] {  // waits in line: the batch stays open
+      const auto t = w.enter();
+      w.conn().exec("INSERT INTO r (id) VALUES (2)");
+      undo_fails = true;
+      w.leave(t, /*keep=*/false);
+    });
+    for (int i = 0; i < 60'000 && w.stats().waiting == 0; ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(w.stats().waiting, 1U);
+    auto told = failure_of([&] { w.leave(kept, /*keep=*/true); });
+    undone.get();
+    const auto failure = told.get();
+    if (!failure) {
+      ADD_FAILURE() << "told its row committed, in a batch that kept a row it was told was undone";
+      return 0;
+    }
+    EXPECT_TRUE(failure->retryable()) << failure->what();
+    EXPECT_FALSE(failure->in_doubt()) << failure->what();
+    undo_fails = false;
+    std::int64_t rows = -1;
+    w.exclusively([&](sqlite_detail::connection& c) {
+      rows = c.run("SELECT COUNT(*) FROM r", {}).at(0).get<std::int64_t>(0);
+    });
+    EXPECT_EQ(rows, 0) << "nothing of the doomed batch was committed";
+    return 0;
+  });
+}
+
 // Found in review: a failed batch's outcome was kept in a map of the last
 // 4,096 failures, so a member the scheduler put off past 4,096 more failed
 // batches (a failing disk fails them fast) read "committed", and its caller

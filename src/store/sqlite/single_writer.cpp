@@ -155,7 +155,9 @@ void single_writer::wake_and_unlock(std::unique_lock<std::mutex>& lock) {
 bool single_writer::has_waiter(std::unique_lock<std::mutex>&) const { return !line_.empty(); }
 
 bool single_writer::batch_may_grow(std::unique_lock<std::mutex>&) const {
-  return kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_;
+  // A doomed batch (undo_member()) is ended at once: a member joining it
+  // would only lose its work.
+  return !doomed_ && kept_ < max_batch_ && clock::now() - batch_started_ < max_batch_age_;
 }
 
 void single_writer::refuse_on_writer_thread() const {
@@ -178,6 +180,7 @@ void single_writer::open_batch(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   batch_open_ = true;
   foreign_commit_ = false;
+  doomed_ = false;
   ++batch_;
   kept_ = 0;
   batch_started_ = clock::now();
@@ -499,29 +502,44 @@ bool single_writer::end_member_or_undo(bool keep, std::optional<storage_error>& 
 // Undoes the member whose turn it is, alone; its savepoint must not stay
 // open under the next member either. If SQLite cannot undo it alone, the
 // whole batch goes (nothing of it is committed, and the caller sees the
-// outer transaction gone): a member's partial writes are never kept.
-void single_writer::undo_member() {
+// outer transaction gone): a member's partial writes are never kept. If even
+// that fails (out of memory: the statements could not be prepared), the
+// batch is doomed: commit_batch() rolls it back instead of committing it
+// (found in review: it went on, and its COMMIT would have kept the writes
+// of a member told "nothing kept").
+void single_writer::undo_member() noexcept {
   sqlite3* db = conn_->db();
-  if (sqlite3_get_autocommit(db) != 0) return;  // the batch is gone already
-  if (sqlite3_exec(db, "ROLLBACK TO SAVEPOINT orpheus_member", nullptr, nullptr, nullptr) !=
-          SQLITE_OK ||
-      sqlite3_exec(db, "RELEASE SAVEPOINT orpheus_member", nullptr, nullptr, nullptr) !=
+  if (sqlite3_get_autocommit(db) != 0) return;     // the batch is gone already
+  const bool fail = undo_fails_ && undo_fails_();  // tests: as if no statement could run
+  if (!fail &&
+      sqlite3_exec(db, "ROLLBACK TO SAVEPOINT orpheus_member", nullptr, nullptr, nullptr) ==
+          SQLITE_OK &&
+      sqlite3_exec(db, "RELEASE SAVEPOINT orpheus_member", nullptr, nullptr, nullptr) ==
           SQLITE_OK) {
-    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    return;
   }
+  if (!fail) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  if (sqlite3_get_autocommit(db) == 0) doomed_ = true;
 }
 
 void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t batch = batch_;
   const bool any = kept_ > 0;
+  const bool doomed = doomed_;
   lock.unlock();
   std::optional<storage_error> failure;
   sqlite3* db = conn_->db();
-  // A batch nobody kept anything in needs no fsync: roll it back.
+  // A batch nobody kept anything in needs no fsync: roll it back. So does a
+  // doomed one (undo_member()): its members that kept are told it failed.
   committing_ = true;
-  const int rc = sqlite3_exec(db, any ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
+  const int rc =
+      sqlite3_exec(db, any && !doomed ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
   committing_ = false;
-  if (rc != SQLITE_OK && any) {
+  if (any && doomed) {
+    failure = storage_error::transient(
+        "sqlite: the batch was rolled back: one of its transactions could not be undone "
+        "alone; nothing of it was committed");
+  } else if (rc != SQLITE_OK && any) {
     try {
       throw_sqlite(db, rc, "commit", /*in_commit=*/true);
     } catch (const storage_error& e) {

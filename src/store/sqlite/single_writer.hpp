@@ -129,6 +129,10 @@ class single_writer {
   /// whose turn it is; what it throws stands for a failure there (an
   /// allocation). Set before any member enters.
   void on_end_member_for_tests(std::function<void()> hook) { end_member_hook_ = std::move(hook); }
+  /// Tests only: when it returns true, undoing a member runs no statement,
+  /// as when SQLite cannot prepare any (out of memory). Set before any
+  /// member enters.
+  void on_undo_for_tests(std::function<bool()> fails) { undo_fails_ = std::move(fails); }
 
  private:
   // A job: a body and what became of it. Written under m_, except by the
@@ -141,7 +145,7 @@ class single_writer {
     std::shared_ptr<parker> gate;      // what its caller sleeps on
     std::uint64_t batch = 0;           // the batch it ran in
     bool kept = false;                 // its savepoint was released
-    std::exception_ptr thrown;         // what the body threw
+    std::exception_ptr thrown;         // what the body threw (or ending it, out of memory)
     std::optional<storage_error> own;  // its own SAVEPOINT or RELEASE failed
   };
   void writer_loop();
@@ -152,7 +156,7 @@ class single_writer {
   bool end_member(bool keep, std::optional<storage_error>& own);
   bool end_member_or_undo(bool keep, std::optional<storage_error>& own,
                           std::exception_ptr& thrown) noexcept;
-  void undo_member();
+  void undo_member() noexcept;
   void open_batch(std::unique_lock<std::mutex>& lock);
   /// The open batch may take more members (max_batch, max_batch_age).
   [[nodiscard]] bool batch_may_grow(std::unique_lock<std::mutex>& lock) const;
@@ -205,9 +209,11 @@ class single_writer {
   // Set by the connection's thread (the one whose turn it is) only.
   bool committing_ = false;      // commit_batch()'s own COMMIT is running
   bool foreign_commit_ = false;  // another COMMIT ran since the batch opened
+  bool doomed_ = false;          // a member could not be undone: never COMMIT
   sqlite_writer_stats stats_;
   std::function<void()> batch_waited_;     // on_batch_waited_for_tests()
   std::function<void()> end_member_hook_;  // on_end_member_for_tests()
+  std::function<bool()> undo_fails_;       // on_undo_for_tests()
 
   // Jobs not yet run, in arrival order, and the gate their threads sleep on:
   // the jobs queued together run together (the writer takes them all), and
