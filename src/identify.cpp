@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "orpheus/detail/hex.hpp"
 
@@ -66,9 +68,27 @@ std::string canonical_body(std::string_view content_type, std::string_view body,
   if (type.rfind("application/json", 0) == 0 && !json_nested_deeper_than(body, max_json_depth)) {
     // Parsed and dumped again: key order and white space do not matter. A
     // body that does not parse is fingerprinted as it is (the handler will
-    // refuse it anyway).
-    auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded()) return "json:" + j.dump();
+    // refuse it anyway). So is one with a member name twice in an object:
+    // the parser keeps the last, and {"amount":100,"amount":5} and
+    // {"amount":5} were one fingerprint, though a handler whose parser keeps
+    // the first reads 100 (found in review).
+    std::vector<std::vector<std::string>> names;  // per open object
+    bool repeated = false;
+    const nlohmann::json::parser_callback_t watch = [&](int, nlohmann::json::parse_event_t event,
+                                                        nlohmann::json& parsed) {
+      using ev = nlohmann::json::parse_event_t;
+      if (event == ev::object_start) names.emplace_back();
+      if (event == ev::object_end && !names.empty()) names.pop_back();
+      if (event == ev::key && !names.empty()) {
+        auto& seen = names.back();
+        const auto& name = parsed.get_ref<const std::string&>();
+        if (std::find(seen.begin(), seen.end(), name) != seen.end()) repeated = true;
+        seen.push_back(name);
+      }
+      return true;
+    };
+    auto j = nlohmann::json::parse(body, watch, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && !repeated) return "json:" + j.dump();
   }
   if (type.rfind("application/x-www-form-urlencoded", 0) == 0) {
     return "form:" + canonical_form(body);

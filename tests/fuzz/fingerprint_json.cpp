@@ -6,7 +6,8 @@
 // Properties, for every body:
 //  - a body is fingerprinted either as "json:" + a text that parses to the
 //    same value as the body, or as "raw:" + its bytes, the latter only when
-//    it is not JSON or is nested deeper than max_json_depth. So the
+//    it is not JSON, is nested deeper than max_json_depth, or names a member
+//    twice in one object (the parser would keep only the last). So the
 //    canonical text determines the payload: two bodies with one fingerprint
 //    are one payload;
 //  - canonicalisation is stable: the canonical body, sent again, gets the
@@ -59,6 +60,46 @@ std::size_t depth_of(const nlohmann::json& root) {
   return deepest;
 }
 
+// Whether a JSON text names a member twice in one object, by SAX events.
+class repeated_names final : public nlohmann::json::json_sax_t {
+ public:
+  bool found = false;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open_.emplace_back();
+    return true;
+  }
+  bool key(string_t& name) override {
+    for (const auto& n : open_.back()) found = found || n == name;
+    open_.back().push_back(name);
+    return true;
+  }
+  bool end_object() override {
+    open_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  std::vector<std::vector<std::string>> open_;
+};
+
+bool names_a_member_twice(std::string_view body) {
+  repeated_names sax;
+  nlohmann::json::sax_parse(body, &sax);
+  return sax.found;
+}
+
 // What a body means: its value when it is JSON, else its bytes. (nlohmann
 // reads a NUL byte as the end of the text: "1\0x" is 1.)
 using payload = std::variant<std::string, nlohmann::json>;
@@ -82,11 +123,12 @@ payload check_body(std::string_view body) {
     FUZZ_CHECK(canonical_body(text) == c, "not stable: " + shown(text));
   } else {
     FUZZ_CHECK(c == "raw:" + std::string(body), shown(body) + " -> " + shown(c));
-    // Taken as it is only when it is not JSON, or nested too deep (the
-    // middleware counts the brackets of the whole text, past a NUL too).
+    // Taken as it is only when it is not JSON, nested too deep (the
+    // middleware counts the brackets of the whole text, past a NUL too), or
+    // names a member twice.
     const auto* value = std::get_if<nlohmann::json>(&p);
     FUZZ_CHECK(value == nullptr || depth_of(*value) > max_depth ||
-                   body.find('\0') != std::string_view::npos,
+                   body.find('\0') != std::string_view::npos || names_a_member_twice(body),
                "JSON taken as raw bytes: " + shown(body));
   }
   return p;
