@@ -43,9 +43,9 @@ struct request_text {
 /// parsed and printed again, so key order and spacing do not matter, unless it
 /// is nested deeper than `max_json_depth`, does not parse, or names a member
 /// twice in one object (the parser keeps the last; a handler's may keep the
-/// first): then it is taken as it is. A form body (application/x-www-form-urlencoded) has its fields
-/// ordered by decoded name; a repeated field keeps the order it was sent in.
-/// Any other body is taken byte for byte.
+/// first): then it is taken as it is. A form body (application/x-www-form-urlencoded) has its
+/// fields ordered by decoded name; a repeated field keeps the order it was sent in. Any other body
+/// is taken byte for byte.
 [[nodiscard]] std::string canonical_request(const request_text& r, std::size_t max_json_depth = 64);
 
 /// Whether `content_type` names JSON (application/json, any parameters).
