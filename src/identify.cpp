@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,9 @@ std::string canonical_body(std::string_view content_type, std::string_view body,
     // the parser keeps the last, and {"amount":100,"amount":5} and
     // {"amount":5} were one fingerprint, though a handler whose parser keeps
     // the first reads 100 (found in review).
-    std::vector<std::vector<std::string>> names;  // per open object
+    // Per open object: a set, not a list (a 64 KiB body can hold thousands
+    // of names in one object, and this runs on the io thread).
+    std::vector<std::set<std::string>> names;
     bool repeated = false;
     const nlohmann::json::parser_callback_t watch = [&](int, nlohmann::json::parse_event_t event,
                                                         nlohmann::json& parsed) {
@@ -80,10 +83,7 @@ std::string canonical_body(std::string_view content_type, std::string_view body,
       if (event == ev::object_start) names.emplace_back();
       if (event == ev::object_end && !names.empty()) names.pop_back();
       if (event == ev::key && !names.empty()) {
-        auto& seen = names.back();
-        const auto& name = parsed.get_ref<const std::string&>();
-        if (std::find(seen.begin(), seen.end(), name) != seen.end()) repeated = true;
-        seen.push_back(name);
+        if (!names.back().insert(parsed.get_ref<const std::string&>()).second) repeated = true;
       }
       return true;
     };
