@@ -144,8 +144,9 @@ admin_result admin::requeue(std::string_view scope, std::string_view key, std::s
 admin_result admin::resolve(std::string_view scope, std::string_view key, const response& r,
                             std::string_view note) {
   const request_id id = id_of(scope, key);
-  if (r.status < 100 || r.status > 599) {
-    throw bad_input_error(codes::invalid_request, "a resolved response needs a status 100..599");
+  if (!detail::is_final_status(r.status)) {
+    throw bad_input_error(codes::invalid_request,
+                          "a resolved response needs a final status, 200 to 599");
   }
   auto t = detail::begin_record_tx(store_, id);
   const auto rec = t->lock(id);

@@ -361,6 +361,15 @@ bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner, std:
 
 bool record_tx::finish(const request_id& id, std::string_view owner, record_state s,
                        const response& r, std::string_view last_error, const lease_terms& t) {
+  if (!is_final_status(r.status)) {
+    // A handler's mistake, caught before it becomes every replay's answer
+    // (a 1xx is never an answer to a request: a replay of it went out as a
+    // bare 500 that no client reads as final). Thrown from inside Post-RPC's
+    // transaction, it undoes it like any Post-RPC that throws: the key stays
+    // retryable, and the reason is the record's last error.
+    throw std::logic_error("the handler answered status " + std::to_string(r.status) +
+                           ", which cannot be recorded as a request's answer (200 to 599)");
+  }
   const sql_value p[] = {std::int64_t{static_cast<int>(s)},
                          std::int64_t{r.status},
                          headers_json(r),

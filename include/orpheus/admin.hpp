@@ -122,7 +122,7 @@ class admin {
   /// even under an expired lease (its call may still be running downstream;
   /// wait for a take-over or for it to park). Nothing of the handler runs:
   /// the application's own rows for the request are the operator's to set
-  /// right. Throws bad_input_error when r.status is not 100..599.
+  /// right. Throws bad_input_error when r.status is not 200..599 (a final status).
   admin_result resolve(std::string_view scope, std::string_view key, const response& r,
                        std::string_view note);
 

@@ -665,6 +665,7 @@ TEST_P(Conformance, AResolvedRequestReplaysTheOperatorsOutcome) {
   EXPECT_THROW(pay(m, rid, c, flaky), error);  // parked
   const response settled{201, {{"Content-Type", "application/json"}}, R"({"charge":"ch_by_hand"})"};
   EXPECT_THROW(ops.resolve(rid.scope, rid.key, response{42, {}, ""}, "bad"), bad_input_error);
+  EXPECT_THROW(ops.resolve(rid.scope, rid.key, response{103, {}, ""}, "interim"), bad_input_error);
   ASSERT_TRUE(ops.resolve(rid.scope, rid.key, settled, "bank says charged, ticket 9").ok());
   const auto r = pay(m, rid, c);
   EXPECT_TRUE(r.replayed);
@@ -1716,6 +1717,57 @@ TEST_P(Conformance, ThrowingPostRpcRollsBackItsWritesAndLeavesTheKeyRetryable) {
   EXPECT_EQ(run(false).body, "done");
   EXPECT_EQ(rpc_calls, 2);
   EXPECT_EQ(app_amount("post-" + scope_), 7);
+}
+
+// Found in review: a Post-RPC answer with an interim status (1xx) was
+// recorded as succeeded, and every replay of it went out as a bare 500 (the
+// HTTP server turns a 1xx into one) that clients retried until they gave up.
+// It is refused like a Post-RPC that throws: undone, the key retryable, the
+// reason kept; a later attempt that answers properly is recorded.
+TEST_P(Conformance, APostRpcAnswerWithoutAFinalStatusIsNotRecorded) {
+  manager m(*store_);
+  const auto rid = id("interim");
+  int rpc_calls = 0;
+  auto run = [&](int status) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt& a, int) {
+          ++rpc_calls;
+          return a.is_retry();
+        },
+        [&](tx& t, const attempt&, const outcome<bool>&) {
+          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", "interim-" + scope_,
+                    status);
+          return response{status, {}, "done"};
+        });
+  };
+  int refused = 0;
+  for (const int status : {102, 100, 199, 0, -1, 600, 1000}) {
+    SCOPED_TRACE(status);
+    try {
+      run(status);
+      ADD_FAILURE() << "status " << status << " was recorded";
+    } catch (const error& e) {
+      ++refused;
+      EXPECT_EQ(e.code(), codes::post_rpc_failed);
+      EXPECT_TRUE(e.retryable()) << "the RPC ran: never 'nothing happened'";
+    }
+    EXPECT_EQ(app_amount("interim-" + scope_), -1) << "Post-RPC's writes are undone";
+    const auto rec = store_->inspect(rid);
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(rec->state, record_state::retryable);
+    EXPECT_NE(rec->last_error.find("status " + std::to_string(status)), std::string::npos)
+        << rec->last_error;
+  }
+  EXPECT_EQ(refused, 7);
+  const response r = run(201);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(app_amount("interim-" + scope_), 201);
+  const response again = run(201);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(rpc_calls, 8) << "every refused answer left the key to a retry, the replay none";
 }
 
 TEST_P(Conformance, PostRpcCanTakeThePreRpcResultEvenWhenTheRpcFailed) {

@@ -144,6 +144,8 @@ TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
   // Bad usage changes nothing and says so with exit code 2.
   EXPECT_EQ(ctl({"requeue", scope_, "stuck"}).code, 2) << "--note is required";
   EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "42", "--note", "x"}).code, 2);
+  EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "102", "--note", "x"}).code, 2)
+      << "an interim status is no answer to record";
   EXPECT_EQ(ctl({"show", scope_, " bad key"}).code, 2);
   EXPECT_EQ(ctl({"list", "--state", "lost"}).code, 2);
   EXPECT_EQ(ctl({"frobnicate"}).code, 2);

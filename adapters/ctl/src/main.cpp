@@ -387,8 +387,8 @@ int run(const arguments& args) {
   }
   orpheus::response resolved;
   if (command == "resolve") {
-    resolved.status = static_cast<int>(args.number("status", 0, 100));
-    if (resolved.status > 599) throw usage_failure("--status is 100..599");
+    resolved.status = static_cast<int>(args.number("status", 0, 200));
+    if (resolved.status > 599) throw usage_failure("--status is 200..599");
     resolved.body = args.get("body").value_or("");
     if (const auto ct = args.get("content-type"))
       resolved.headers.emplace_back("Content-Type", *ct);
