@@ -144,7 +144,7 @@ admin_result admin::requeue(std::string_view scope, std::string_view key, std::s
 admin_result admin::resolve(std::string_view scope, std::string_view key, const response& r,
                             std::string_view note) {
   const request_id id = id_of(scope, key);
-  if (!detail::is_final_status(r.status)) {
+  if (!is_final_status(r.status)) {
     throw bad_input_error(codes::invalid_request,
                           "a resolved response needs a final status, 200 to 599");
   }

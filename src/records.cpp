@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "orpheus/detail/record_row.hpp"
@@ -458,6 +460,10 @@ bool record_tx::cancel(const request_id& id, std::string_view recovery_point, st
 
 bool record_tx::resolve(const request_id& id, record_state s, const response& r,
                         std::string_view note, const lease_terms& t) {
+  if (!is_final_status(r.status)) {  // admin::resolve() refuses it first
+    throw std::logic_error("a resolved answer needs a final status, not " +
+                           std::to_string(r.status));
+  }
   const sql_value p[] = {std::int64_t{static_cast<int>(s)},
                          std::int64_t{r.status},
                          headers_json(r),

@@ -95,6 +95,14 @@ struct response {
   }
 };
 
+/// Whether `status` can be a request's recorded answer: a final HTTP status,
+/// 200 to 599. A Post-RPC answer with any other (a 1xx is interim, never an
+/// answer) is refused like a Post-RPC that throws: undone, the key left
+/// retryable (codes::post_rpc_failed), the reason in the record's last_error.
+[[nodiscard]] constexpr bool is_final_status(int status) noexcept {
+  return status >= 200 && status <= 599;
+}
+
 /// What the RPC phase knows about the attempt it runs in.
 ///
 /// Lifetime: valid for the duration of one process() call.

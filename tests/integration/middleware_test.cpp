@@ -266,6 +266,65 @@ TEST_F(Middleware, TheOneLambdaFormRecordsTheHandlersAnswer) {
   EXPECT_EQ(calls, 4);
 }
 
+// Found in review: a handler's 1xx was recorded, and the server sends a 1xx
+// as a bare 500, so the first answer and every replay were a 500 that
+// clients retried until they gave up. It is refused now (503, retryable, the
+// key left to a retry); a record of one from an older version is answered
+// as a final problem, marked replayed.
+TEST_F(Middleware, AnInterimStatusIsNotRecordedAndAnOldRecordOfOneIsAFinalProblem) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  std::atomic<int> calls{0};
+  std::atomic<unsigned> status{102};
+  auto send = [&](const std::string& key) {
+    std::promise<http_response> answer;
+    mw.handle(
+        post(key, "100"), [&](http_response r) { answer.set_value(std::move(r)); },
+        [&](const attempt&, const http_request&) {
+          ++calls;
+          http_response res{static_cast<http::status>(status.load()), 11};
+          res.body() = "charged";
+          return res;
+        });
+    return answer.get_future().get();
+  };
+  const auto interim = send("k1");
+  EXPECT_EQ(interim.result_int(), 503U);
+  EXPECT_EQ(nlohmann::json::parse(interim.body())["code"], "post_rpc_failed");
+  EXPECT_EQ(nlohmann::json::parse(interim.body())["retryable"], true);
+  EXPECT_EQ(store_->inspect(request_id{"c1", "k1", fingerprint_of("x")})->state,
+            record_state::retryable);
+  status = 201;
+  EXPECT_EQ(send("k1").result_int(), 201U);
+  EXPECT_EQ(send("k1")["Idempotent-Replayed"], "true");
+  EXPECT_EQ(calls, 2);
+
+  // A record as an older version could leave it: finished with a 102.
+  EXPECT_EQ(send("k2").result_int(), 201U);
+  {
+    auto t = store_->begin_on_shard(0);
+    t->execute("UPDATE orpheus_records SET status = 102 WHERE idem_key = 'k2'");
+    t->commit();
+  }
+  m_ = std::make_unique<manager>(*store_);  // no replay remembered
+  auto fresh = make(pool);
+  std::promise<http_response> answer;
+  fresh.handle(
+      post("k2", "100"), [&](http_response r) { answer.set_value(std::move(r)); },
+      [&](const attempt&, const http_request&) {
+        ++calls;
+        return http_response{http::status::created, 11};
+      });
+  const auto old = answer.get_future().get();
+  EXPECT_EQ(old.result_int(), 500U);
+  EXPECT_EQ(old["Idempotent-Replayed"], "true");
+  const auto problem = nlohmann::json::parse(old.body());
+  EXPECT_EQ(problem["retryable"], false) << old.body();
+  EXPECT_EQ(old.body().find("102"), std::string::npos) << "internal detail stays internal";
+  EXPECT_EQ(calls, 3) << "the old record's request is not run again";
+}
+
 // Found in review (issue 10): the one-lambda form recorded whatever the
 // handler answered, so a handler passing on the bank's 504 had its 504
 // replayed for the key's lifetime: the client's retries could never learn

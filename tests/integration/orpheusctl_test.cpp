@@ -146,6 +146,8 @@ TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
   EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "42", "--note", "x"}).code, 2);
   EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "102", "--note", "x"}).code, 2)
       << "an interim status is no answer to record";
+  EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "4294967497", "--note", "x"}).code, 2)
+      << "2^32 + 201 is not 201";
   EXPECT_EQ(ctl({"show", scope_, " bad key"}).code, 2);
   EXPECT_EQ(ctl({"list", "--state", "lost"}).code, 2);
   EXPECT_EQ(ctl({"frobnicate"}).code, 2);

@@ -240,16 +240,32 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
     log_internal(e, "scope=" + p->id.scope + " key=" + p->id.key);
     return finish(*p, error_response(e, shown_key));
   }
+  const response& r = out.value();
+  if (!is_final_status(r.status)) {
+    // Only a record from before such answers were refused (a handler's 1xx,
+    // or an operator's resolve with one) has such a status. Sent as it is,
+    // it went out as a bare 500 that clients retried until they gave up,
+    // for a request whose RPC had run: a final problem instead, marked
+    // replayed, that tells the client not to retry with this key.
+    const error_info e =
+        error_info::of(error_class::internal, codes::unclassified,
+                       "the recorded answer to this request cannot be sent; do not retry with "
+                       "this key: the service's operators can tell what became of it")
+            .with_internal("recorded status " + std::to_string(r.status));
+    log_internal(e, "scope=" + p->id.scope + " key=" + p->id.key);
+    http_response res = error_response(e, shown_key);
+    if (r.replayed) res.set("Idempotent-Replayed", "true");
+    return finish(*p, std::move(res));
+  }
   http_response res;
   try {  // the pool swallows what a job throws: every request gets an answer
-    const response& r = out.value();
     res = http_response{static_cast<http::status>(r.status), 11};
     for (const auto& [name, value] : r.headers) res.insert(name, value);
-    // A 1xx, 204 or 304 has no body on the wire (found in review: a
+    // A 204 or 304 has no body on the wire (found in review: a
     // recorded 204 with "{}" made prepare_payload() throw, and every replay
     // of a charged payment answered 500 "do not retry"). The record keeps
     // what the handler returned.
-    if (r.status >= 200 && r.status != 204 && r.status != 304) res.body() = r.body;
+    if (r.status != 204 && r.status != 304) res.body() = r.body;
     if (r.replayed) res.set("Idempotent-Replayed", "true");
     if (p->key_sent) {
       res.set(options_.key_header, key_header_value(p->id.key));  // as the client sends it

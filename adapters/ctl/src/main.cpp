@@ -387,8 +387,10 @@ int run(const arguments& args) {
   }
   orpheus::response resolved;
   if (command == "resolve") {
-    resolved.status = static_cast<int>(args.number("status", 0, 200));
-    if (resolved.status > 599) throw usage_failure("--status is 200..599");
+    // Checked before the cast (found in review: 2^32 + 201 became 201).
+    const std::int64_t status = args.number("status", 0, 200);
+    if (status > 599) throw usage_failure("--status is 200..599");
+    resolved.status = static_cast<int>(status);
     resolved.body = args.get("body").value_or("");
     if (const auto ct = args.get("content-type"))
       resolved.headers.emplace_back("Content-Type", *ct);

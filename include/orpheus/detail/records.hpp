@@ -59,13 +59,6 @@ struct record_sql {
   std::string add_version;
 };
 
-/// Whether a response's status can be recorded as a request's answer: a
-/// final HTTP status. finish() throws on any other (a handler's mistake);
-/// admin::resolve() refuses it.
-[[nodiscard]] constexpr bool is_final_status(int status) noexcept {
-  return status >= 200 && status <= 599;
-}
-
 /// The library's side of a transaction on one shard: the record's writes
 /// (all fenced by the attempt's owner token except insert and take_lease,
 /// which run under the record's lock) on a backend transaction that the

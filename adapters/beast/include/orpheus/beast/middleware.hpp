@@ -152,7 +152,9 @@ class middleware {
   /// Its answer is recorded and replayed, unless it is a "try again" status
   /// (retry_later_status(): 429, 5xx except 501), which is never recorded:
   /// see retry_later_error(). Throwing retryable_error leaves the key
-  /// retryable too; non_retryable_error records a problem+json answer.
+  /// retryable too; non_retryable_error records a problem+json answer. A
+  /// status that is not final (is_final_status(): a 1xx) is never recorded
+  /// either: 503 post_rpc_failed, and the retry runs the handler again.
   template <class Handler>
   requires std::is_invocable_r_v<http_response, Handler&, const attempt&, const http_request&>
   void handle(http_request&& req, const responder& respond, Handler answer);
