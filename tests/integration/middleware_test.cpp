@@ -979,6 +979,7 @@ class raw_connection {
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
     timeval tv{20, 0};  // hang guard only
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   }
   raw_connection(const raw_connection&) = delete;
   raw_connection& operator=(const raw_connection&) = delete;
@@ -1219,6 +1220,49 @@ TEST(Server, MalformedRequestsGetAFixedText) {
   const auto answer = c.read_all();  // the connection is closed after it
   EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0U) << answer;
   EXPECT_NE(answer.find("malformed request"), std::string::npos) << answer;
+}
+
+// Found in review: a request refused before its end (413, 431) had its
+// connection closed with the client's bytes unread, so the kernel sent a
+// reset: the client, still sending, got a broken pipe or a reset instead of
+// the answer, which orpheus::client reads as an outcome unknown (retried,
+// then "unsettled") where the server had said, finally, no. The server now
+// shuts its side, and reads and drops what still comes until the client
+// closes.
+TEST(Server, ARequestRefusedBeforeItsEndGetsItsAnswerNotAReset) {
+  server_options o;
+  o.body_limit = 1024;
+  std::atomic<int> handled{0};
+  server s(o, [&](http_request&&, responder respond) {
+    ++handled;
+    respond(make_response(200, "ok"));
+  });
+  s.start();
+  const std::string body(std::size_t{32} * 1024 * 1024, 'x');  // far beyond socket buffers
+  {
+    raw_connection c(s.port());
+    ASSERT_TRUE(c.write("POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n"));
+    EXPECT_TRUE(c.write(body)) << "the upload was cut off";
+    const auto answer = c.read_all();
+    EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0U) << answer;
+  }
+  {
+    raw_connection c(s.port());
+    const std::string huge_header = "X-Pad: " + std::string(std::size_t{4} * 1024 * 1024, 'y');
+    EXPECT_TRUE(c.write("POST /v1/payments HTTP/1.1\r\nHost: x\r\n" + huge_header +
+                        "\r\nContent-Length: 2\r\n\r\n{}"))
+        << "the upload was cut off";
+    const auto answer = c.read_all();
+    EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0U) << answer;
+  }
+  EXPECT_EQ(handled, 0);
+  // The drained connections end when their clients close: none is left.
+  for (int i = 0; i < 500 && s.connections() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.connections(), 0U);
+  s.stop();
 }
 
 }  // namespace
