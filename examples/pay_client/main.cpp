@@ -1,5 +1,4 @@
 // One payment, sent the careful way. See --help.
-#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -81,12 +80,11 @@ int main(int argc, char** argv) {
     bool resuming = !key.empty();
     if (!journal_path.empty()) {
       journal = std::make_unique<orpheus::client::sqlite_key_journal>(journal_path);
-      const auto pending = journal->pending();
-      resuming = resuming || std::find(pending.begin(), pending.end(), name) != pending.end();
-      const auto journaled = journal->key_for(name, orpheus::fingerprint_of(body));
-      if (!key.empty() && key != journaled)
+      const auto entry = journal->entry_for(name, orpheus::fingerprint_of(body));
+      if (!key.empty() && key != entry.key)
         f.fail("--key differs from the journal's key for --name");
-      key = journaled;
+      key = entry.key;
+      resuming = resuming || entry.resumed;
     }
     if (key.empty()) key = orpheus::client::new_idempotency_key();
     std::cout << "key " << key << std::endl;  // before the first send

@@ -736,6 +736,49 @@ TEST(Journal, KeepsTheKeyOfALogicalRequestAndRefusesAnotherPayload) {
   std::filesystem::remove(path);
 }
 
+// A journal of one's own, on key_journal's default entry_for().
+class map_journal final : public key_journal {
+ public:
+  std::string key_for(std::string_view name, std::string_view) override {
+    auto [it, added] = keys_.try_emplace(std::string(name), "");
+    if (added) it->second = new_idempotency_key();
+    return it->second;
+  }
+  void complete(std::string_view name) override { keys_.erase(std::string(name)); }
+  std::vector<std::string> pending() override {
+    std::vector<std::string> out;
+    for (const auto& [name, key] : keys_) out.push_back(name);
+    return out;
+  }
+
+ private:
+  std::map<std::string, std::string> keys_;
+};
+
+// Found in review: with key_for() alone a caller could not tell a resumed
+// entry from a new one (pay_client asked pending() first; others had to
+// know to), and a resumed run's unsettling answer completed the entry.
+TEST(Journal, SaysWhetherAnEntryIsResumed) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("journal-" + test::random_hex() + ".db");
+  sqlite_key_journal sqlite(path.string());
+  map_journal mine;
+  for (key_journal* j : std::initializer_list<key_journal*>{&sqlite, &mine}) {
+    const auto first = j->entry_for("order-1/pay", "fp-1");
+    EXPECT_FALSE(first.resumed);
+    const auto again = j->entry_for("order-1/pay", "fp-1");
+    EXPECT_TRUE(again.resumed);
+    EXPECT_EQ(again.key, first.key);
+    EXPECT_EQ(j->key_for("order-1/pay", "fp-1"), first.key);
+    j->complete("order-1/pay");
+    const auto next = j->entry_for("order-1/pay", "fp-1");
+    EXPECT_FALSE(next.resumed) << "a completed request starts afresh";
+    EXPECT_NE(next.key, first.key);
+  }
+  EXPECT_THROW(sqlite.entry_for("order-1/pay", "fp-2"), payload_changed);
+  std::filesystem::remove(path);
+}
+
 // pay_client paying 1250 for client c1 through `port`, with a journal in
 // `dir` under `name`.
 std::vector<std::string> pay_client_argv(unsigned short port, const std::filesystem::path& dir,

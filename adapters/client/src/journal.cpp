@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "orpheus/client/retry.hpp"
@@ -61,7 +62,17 @@ sqlite_key_journal::sqlite_key_journal(const std::string& path) : impl_(std::mak
 
 sqlite_key_journal::~sqlite_key_journal() { sqlite3_close(impl_->db); }
 
+journal_entry key_journal::entry_for(std::string_view name, std::string_view payload_fingerprint) {
+  const auto before = pending();
+  const bool resumed = std::find(before.begin(), before.end(), name) != before.end();
+  return {key_for(name, payload_fingerprint), resumed};
+}
+
 std::string sqlite_key_journal::key_for(std::string_view name, std::string_view payload) {
+  return entry_for(name, payload).key;
+}
+
+journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_view payload) {
   std::lock_guard lock(impl_->m);
   impl_->exec("BEGIN IMMEDIATE");
   try {
@@ -82,7 +93,7 @@ std::string sqlite_key_journal::key_for(std::string_view name, std::string_view 
                  {name, key, payload});
     }
     impl_->exec("COMMIT");
-    return key;
+    return {key, !keys.empty()};
   } catch (...) {
     sqlite3_exec(impl_->db, "ROLLBACK", nullptr, nullptr, nullptr);
     throw;

@@ -4,9 +4,11 @@
 // and the server deduplicates it.
 //
 //   orpheus::client::sqlite_key_journal journal("client-keys.db");
-//   const auto key = journal.key_for("order-1001/pay", fingerprint_of(body));
-//   ... send with `key` until a final answer ...
-//   journal.complete("order-1001/pay");
+//   const auto entry = journal.entry_for("order-1001/pay", fingerprint_of(body));
+//   orpheus::client::prepared_request req(verb, target, body, headers, entry.key);
+//   req.resuming(entry.resumed);  // an earlier run may have sent it
+//   const auto r = client.send(req);
+//   if (r.settled()) journal.complete("order-1001/pay");
 //
 // Thread safety: the SQLite journal may be used from several threads.
 #pragma once
@@ -26,6 +28,15 @@ class payload_changed : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// A logical request's journal entry.
+struct journal_entry {
+  std::string key;
+  /// The entry was there already: an earlier run may have sent the request,
+  /// so this run sends it with prepared_request::resuming(), and only an
+  /// answer that says what became of it settles it.
+  bool resumed = false;
+};
+
 class key_journal {
  public:
   key_journal() = default;
@@ -37,10 +48,17 @@ class key_journal {
   /// written durably before this returns. Throws payload_changed when `name`
   /// was journaled with another payload fingerprint.
   virtual std::string key_for(std::string_view name, std::string_view payload_fingerprint) = 0;
+  /// key_for(), and whether the entry was there already: use this one, and
+  /// send with prepared_request::resuming(entry.resumed). Found in review:
+  /// with key_for() alone a caller could not tell a resumed entry from a
+  /// new one, and a resumed run whose answer settled nothing (a 401 once its
+  /// token expired) completed the entry; the next run paid under a new key.
+  /// The default asks pending() first (exact in one process); the SQLite
+  /// journal does both in one transaction.
+  virtual journal_entry entry_for(std::string_view name, std::string_view payload_fingerprint);
   /// The logical request got an answer that settles it (call_result::
   /// settled(): a 2xx, a replay, or a final answer with nothing in doubt
-  /// before it); its entry is removed. A run that resumes a pending entry
-  /// sends with prepared_request::resuming().
+  /// before it); its entry is removed.
   virtual void complete(std::string_view name) = 0;
   /// Logical requests started and not completed, oldest first.
   virtual std::vector<std::string> pending() = 0;
@@ -53,6 +71,7 @@ class sqlite_key_journal final : public key_journal {
   explicit sqlite_key_journal(const std::string& path);
   ~sqlite_key_journal() override;
   std::string key_for(std::string_view name, std::string_view payload_fingerprint) override;
+  journal_entry entry_for(std::string_view name, std::string_view payload_fingerprint) override;
   void complete(std::string_view name) override;
   std::vector<std::string> pending() override;
 
