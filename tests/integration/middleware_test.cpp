@@ -1265,5 +1265,45 @@ TEST(Server, ARequestRefusedBeforeItsEndGetsItsAnswerNotAReset) {
   s.stop();
 }
 
+// Found in review of the above: a client that reads the refusal and then
+// neither sends nor closes must not keep its connection (it is dropped
+// after 2 s without a byte), and at max_connections such a connection goes
+// before a keep-alive one, however long that one has been idle.
+TEST(Server, ALingeringConnectionIsDroppedFirstAndWhenSilent) {
+  server_options o;
+  o.max_connections = 2;
+  server s(o, [](http_request&&, responder respond) { respond(make_response(200, "ok")); });
+  s.start();
+  raw_connection keep_alive(s.port());
+  ASSERT_TRUE(keep_alive.write(healthz));
+  ASSERT_NE(keep_alive.read_until("ok"), "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // idle longer than the next
+
+  raw_connection refused(s.port());
+  ASSERT_TRUE(refused.write("NOT HTTP AT ALL\r\n\r\n"));
+  EXPECT_EQ(refused.read_all().rfind("HTTP/1.1 400", 0), 0U);  // then silence, and no close
+  raw_connection newcomer(s.port());
+  ASSERT_TRUE(newcomer.write(healthz));
+  EXPECT_NE(newcomer.read_until("ok"), "");
+  ASSERT_TRUE(keep_alive.write(healthz));
+  EXPECT_NE(keep_alive.read_until("ok"), "") << "the keep-alive connection was closed instead";
+
+  s.stop();
+
+  server uncapped({}, [](http_request&&, responder respond) { respond(make_response(200, "ok")); });
+  uncapped.start();
+  raw_connection silent(uncapped.port());
+  ASSERT_TRUE(silent.write("NOT HTTP AT ALL\r\n\r\n"));
+  EXPECT_EQ(silent.read_all().rfind("HTTP/1.1 400", 0), 0U);
+  // The server shut its side, so the client has read the end of the stream;
+  // the connection itself is dropped after 2 s of silence (read_timeout, 30
+  // s, is the cap on the whole drain; this waits at most 10 s).
+  for (int i = 0; i < 1000 && uncapped.connections() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(uncapped.connections(), 0U) << "a silent lingering connection stays open";
+  uncapped.stop();
+}
+
 }  // namespace
 }  // namespace orpheus::beast

@@ -4,6 +4,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -11,6 +12,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <limits>
@@ -293,17 +295,24 @@ class session : public std::enable_shared_from_this<session> {
   // (the outcome unknown: orpheus::client retried, and reported the request
   // unsettled) instead of a final 4xx. Now the write side is shut (the
   // client reads the answer, then the end of the stream) and whatever still
-  // arrives is read and dropped until the client closes, or read_timeout.
-  // The connection counts as idle meanwhile: at max_connections make_room
-  // may close it.
+  // arrives is read and dropped until the client closes, nothing arrives
+  // for linger_quiet, or read_timeout has passed since the answer (a slower
+  // upload still gets the reset). At max_connections make_room closes such
+  // a connection first: it will never carry another request (found in
+  // review: it counted as idle since the answer, and an older keep-alive
+  // connection went before it).
+  static constexpr std::chrono::seconds linger_quiet{2};
+
   void linger() {
     shutdown();
-    stream_.expires_after(owner_->options.read_timeout);  // once: a cap on the whole drain
-    idle_since_ = std::chrono::steady_clock::now().time_since_epoch().count();
+    linger_until_ = std::chrono::steady_clock::now() + owner_->options.read_timeout;
+    idle_since_ = 0;  // before any keep-alive connection's
     drop_some();
   }
 
   void drop_some() {
+    const auto left = linger_until_ - std::chrono::steady_clock::now();
+    stream_.expires_after(std::min<std::chrono::steady_clock::duration>(linger_quiet, left));
     buffer_.clear();
     stream_.async_read_some(buffer_.prepare(std::size_t{16} * 1024),
                             [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
@@ -327,6 +336,7 @@ class session : public std::enable_shared_from_this<session> {
   std::atomic<std::int64_t> idle_since_{-1};  // see idle_since()
   bool closing_ = false;                      // close() ran: nothing more is read
   bool unread_ = false;                       // refused before its end: linger() after the answer
+  std::chrono::steady_clock::time_point linger_until_;  // see linger()
 };
 
 void server::impl::accept() {

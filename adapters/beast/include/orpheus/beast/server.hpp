@@ -15,7 +15,10 @@
 //
 // Limits are enforced before the handler runs: a header block over
 // `header_limit` is answered 431, a body over `body_limit` 413, a malformed
-// request 400; then the connection is closed. A keep-alive connection with no
+// request 400; then the connection is closed, once the client has read the
+// answer: what it still sends is read and dropped until it closes, for at
+// most `read_timeout` (and 2 s without a byte), so that it reads the answer
+// instead of a reset. A keep-alive connection with no
 // new request for `idle_timeout` is closed, and so is one whose request header
 // does not arrive within `header_timeout` (a new connection's clock starts at
 // accept) or whose body does not arrive within `read_timeout`. None of these
@@ -70,7 +73,9 @@ struct server_options {
   /// A request's header block must arrive within this, from its first byte
   /// (from accept on a new connection): slow-header clients are cut off.
   std::chrono::milliseconds header_timeout{std::chrono::seconds(10)};
-  /// A request's body, and the writing of an answer, must finish within this.
+  /// A request's body, and the writing of an answer, must finish within this;
+  /// also the longest the rest of a refused request (400, 413, 431) is read
+  /// and dropped before its connection is closed.
   std::chrono::milliseconds read_timeout{std::chrono::seconds(30)};
   /// After accept() fails for want of file descriptors (EMFILE, ENFILE),
   /// wait this long before accepting again, instead of spinning.
