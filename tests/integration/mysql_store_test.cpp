@@ -11,6 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cppconn/connection.h>
+#include <cppconn/driver.h>
+#include <cppconn/resultset.h>
+#include <cppconn/statement.h>
+
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -315,6 +320,64 @@ TEST_F(MysqlStore, SessionsRunWithTheConfiguredTimeouts) {
   EXPECT_EQ(rows[0].get<std::int64_t>(2), 25);
   EXPECT_EQ(rows[0].get<std::int64_t>(3), 25);
   EXPECT_EQ(rows[0].get<std::int64_t>(4), 0);
+}
+
+// Found in review: the session kept the server's completion_type and
+// sql_mode. With RELEASE a COMMIT closed the connection; without strict mode
+// a value too long for its column was stored cut short (a recorded body over
+// 16 MiB replayed truncated, as a success). The store sets both; the
+// server's other sql_mode flags stay.
+TEST_F(MysqlStore, SessionsCommitPlainlyAndRefuseValuesTooLongWhateverTheServerSays) {
+  // The store's own transactions may not SET GLOBAL: a connection of the
+  // connector's, as an operator's client would be.
+  const auto shard = options_for_test().shards.at(0);
+  sql::ConnectOptionsMap co;
+  co["hostName"] = sql::SQLString("tcp://" + shard.host + ":" + std::to_string(shard.port));
+  co["userName"] = sql::SQLString(shard.user);
+  co["password"] = sql::SQLString(shard.password);
+  co["OPT_RECONNECT"] = false;
+  std::unique_ptr<sql::Connection> operator_conn(get_driver_instance()->connect(co));
+  std::unique_ptr<sql::Statement> op(operator_conn->createStatement());
+  std::string mode;
+  std::string completion;
+  {
+    std::unique_ptr<sql::ResultSet> rs(
+        op->executeQuery("SELECT @@GLOBAL.sql_mode, @@GLOBAL.completion_type"));
+    ASSERT_TRUE(rs->next());
+    mode = rs->getString(1);
+    completion = rs->getString(2);
+  }
+  op->execute("SET GLOBAL sql_mode = 'NO_ENGINE_SUBSTITUTION', completion_type = 'RELEASE'");
+  std::vector<std::string> session;
+  {
+    struct restore {  // whatever happens below
+      sql::Statement& op;
+      const std::string& mode;
+      const std::string& completion;
+      ~restore() {
+        try {
+          op.execute("SET GLOBAL sql_mode = '" + mode + "', completion_type = '" + completion +
+                     "'");
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "the server's settings were not restored: " << e.what();
+        }
+      }
+    } guard{*op, mode, completion};
+    mysql_store s(options_for_test());  // its connections open now
+    auto t = s.begin_on_shard(0);
+    const auto rows = t->query("SELECT @@SESSION.sql_mode, @@SESSION.completion_type");
+    t->commit();
+    ASSERT_EQ(rows.size(), 1U);
+    session = {rows[0].get<std::string>(0), rows[0].get<std::string>(1)};
+    // The connection outlived its COMMIT: the next transaction runs on it.
+    auto again = s.begin_on_shard(0);
+    EXPECT_EQ(again->query("SELECT 1").size(), 1U);
+    again->commit();
+  }
+  ASSERT_EQ(session.size(), 2U);
+  EXPECT_NE(session[0].find("STRICT_TRANS_TABLES"), std::string::npos) << session[0];
+  EXPECT_NE(session[0].find("NO_ENGINE_SUBSTITUTION"), std::string::npos) << session[0];
+  EXPECT_EQ(session[1], "NO_CHAIN");
 }
 
 // Found in review: the connector reports a statement given the wrong number

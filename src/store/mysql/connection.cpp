@@ -39,10 +39,20 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
   // inside a packet (net_read_timeout / net_write_timeout), and its
   // transaction rolls back; a waiter gives up after lock_wait_timeout
   // with a retryable 1205.
+  //
+  // Two settings the server's defaults could undo (found in review): a
+  // COMMIT must end the transaction and nothing else (completion_type
+  // RELEASE would close the connection after it, CHAIN open the next
+  // transaction), and a value too long for its column must fail, never be
+  // cut (without strict mode a recorded body over a MEDIUMBLOB's 16 MiB was
+  // stored cut short, and replayed so as a success). The server's other
+  // sql_mode flags stay: the application's SQL shares the session.
   const std::string idle = std::to_string(o.session_idle_timeout.count());
   st->execute("SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = " +
               std::to_string(o.lock_wait_timeout.count()) + ", SESSION wait_timeout = " + idle +
-              ", SESSION net_read_timeout = " + idle + ", SESSION net_write_timeout = " + idle);
+              ", SESSION net_read_timeout = " + idle + ", SESSION net_write_timeout = " + idle +
+              ", SESSION completion_type = 'NO_CHAIN', SESSION sql_mode = CONCAT_WS(',', "
+              "NULLIF(@@SESSION.sql_mode, ''), 'STRICT_TRANS_TABLES')");
   st->execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
   // Whether a lock wait timeout rolls back the whole transaction (then it
   // must poison it, like a deadlock) or just the statement (the default).
