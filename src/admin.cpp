@@ -14,6 +14,17 @@
 namespace orpheus {
 namespace {
 
+// The terms of an operator's write: the configuration's, with the
+// retention the request was made with when that is longer (found in
+// review: a request made with a 30-day retention and resolved by hand was
+// purged after the operator's 7 days, and a client retrying on day 10 ran
+// it as a new request). As a completer finishing it would keep it.
+lease_terms terms_for(const record& r, const config& c) {
+  lease_terms t = detail::terms_of(c);
+  t.retention_us = std::max(t.retention_us, r.retention_us);
+  return t;
+}
+
 // The fingerprint plays no part here; validate() wants a well-formed one.
 request_id id_of(std::string_view scope, std::string_view key) {
   request_id id{std::string(scope), std::string(key), fingerprint_of("")};
@@ -135,7 +146,7 @@ admin_result admin::requeue(std::string_view scope, std::string_view key, std::s
     t->rollback();
     return refused(*r, "only a parked request can be requeued");
   }
-  const lease_terms terms = detail::terms_of(config_);
+  const lease_terms terms = terms_for(*r, config_);
   t->requeue(id, "requeued: " + std::string(note), terms);
   t->commit();
   return {};
@@ -156,7 +167,7 @@ admin_result admin::resolve(std::string_view scope, std::string_view key, const 
     return refused(*rec, may_still_land(*rec, "resolve"));
   }
   const record_state final_state = r.status < 400 ? record_state::succeeded : record_state::failed;
-  const lease_terms terms = detail::terms_of(config_);
+  const lease_terms terms = terms_for(*rec, config_);
   if (!t->resolve(id, final_state, r, "resolved by an operator: " + std::string(note), terms)) {
     t->rollback();
     return refused(*rec, is_terminal(rec->state)
@@ -201,7 +212,7 @@ admin_result admin::cancel(std::string_view scope, std::string_view key, std::st
   p->compensating =
       error_info::of(error_class::rejected, codes::request_cancelled, "the request was cancelled");
   const std::string why = "cancelled by an operator: " + std::string(note);
-  if (!t->cancel(id, detail::encode_progress(*p), why, detail::terms_of(config_))) {
+  if (!t->cancel(id, detail::encode_progress(*p), why, terms_for(*r, config_))) {
     return refuse("its state changed under the lock");  // not reached: checked above
   }
   t->commit();

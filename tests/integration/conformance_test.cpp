@@ -677,6 +677,18 @@ TEST_P(Conformance, AResolvedRequestReplaysTheOperatorsOutcome) {
   const auto again = ops.resolve(rid.scope, rid.key, settled, "twice");
   EXPECT_EQ(again.result, admin_result::status::refused);
 
+  // Kept as long as the request asked, when that is longer than the
+  // operator's retention (found in review: purged after the operator's 7
+  // days, a client retrying on day 10 would have run it as new).
+  const auto kept = id("k5");
+  const process_options month{.retention = std::chrono::hours(24 * 30)};
+  EXPECT_THROW(pay(m, kept, c, flaky, month), error);
+  EXPECT_THROW(pay(m, kept, c, flaky, month), error);  // parked
+  ASSERT_TRUE(ops.resolve(kept.scope, kept.key, settled, "bank says charged").ok());
+  const auto resolved = store_->inspect(kept);
+  ASSERT_TRUE(resolved);
+  EXPECT_GT(resolved->expires_us - resolved->db_now_us, std::int64_t{29} * 24 * 3600 * 1'000'000);
+
   // A failure by hand is recorded as failed.
   const auto lost = id("k2");
   EXPECT_THROW(pay(m, lost, c, flaky), error);
