@@ -2230,6 +2230,50 @@ TEST_P(Conformance, AbandonedRecordsArePurgedAfterTheirWindowAndRetentionButNeve
   EXPECT_TRUE(store_->inspect(live)) << "a live lease is never purged from under its attempt";
 }
 
+// Found in review: an unfinished record made through a registered handler
+// expired at the end of its retry window plus its retention (0 for an
+// unkeyed request of the middleware), and a purge took it before a completer
+// running behind could finish or park it. Such a record is a request the
+// service still owes: only finished (or parked, then handled by a person)
+// does it go.
+TEST_P(Conformance, AnUnfinishedRecordOfAHandlerIsNotPurged) {
+  config cfg;
+  cfg.lease = 400ms;
+  cfg.rpc_timeout = 300ms;
+  cfg.retry_window = 100ms;
+  cfg.in_doubt_window = 100ms;
+  manager m(*store_, cfg);
+  const std::string handler = "owed-" + scope_.substr(6);
+  m.register_handler<payment>(
+      handler, 1,
+      [](const attempt&, const payment&) -> std::string { throw retryable_error("x", "y"); },
+      [](tx&, const attempt&, const std::string& v) {
+        return response{201, {}, v};
+      });
+  const auto owed = id("owed");
+  EXPECT_THROW(m.process(handler, owed, pay_pre, process_options{.retention = 0ms}), error);
+  counters c;
+  const auto plain = id("plain");
+  EXPECT_THROW(
+      pay(
+          m, plain, c,
+          [](const attempt&, const payment&) -> std::string { throw retryable_error("x", "y"); },
+          process_options{.retention = 0ms}),
+      error);
+  ASSERT_EQ(store_->inspect(owed)->state, record_state::retryable);
+  ASSERT_TRUE(eventually([&] {
+    const auto r = store_->inspect(owed);
+    return r->db_now_us > r->expires_us && r->db_now_us > r->in_doubt_until_us;
+  }));
+  std::this_thread::sleep_for(50ms);
+  while (m.purge_expired(1000) > 0) {
+  }
+  EXPECT_FALSE(store_->inspect(plain)) << "an expired record only its client can finish goes";
+  const auto kept = store_->inspect(owed);
+  ASSERT_TRUE(kept) << "a handler's unfinished record was purged";
+  EXPECT_EQ(kept->state, record_state::retryable);
+}
+
 // Found in review: an unfinished record expires at the end of its retry
 // window plus the retention, and was purged then even while a downstream call
 // of it could still land (in_doubt_until_us, which outlasts a retention
