@@ -129,6 +129,13 @@ completer_pass completer::run_once() {
         ++pass.retrying;
         log(log_level::warning,
             "completer: scope " + c->id.scope + " key " + c->id.key + ": " + e.what());
+      } catch (...) {
+        // Found in review: anything else (a handler's decoding that throws
+        // something not derived from std::exception) left run_once(), and
+        // on the completer's thread ended the process.
+        ++pass.retrying;
+        log(log_level::warning, "completer: scope " + c->id.scope + " key " + c->id.key +
+                                    ": an exception that is not a std::exception");
       }
     }
   }
@@ -153,7 +160,15 @@ void completer::stop() {
 
 void completer::loop() {
   for (;;) {
-    const completer_pass pass = run_once();
+    completer_pass pass;
+    try {
+      pass = run_once();
+    } catch (...) {
+      // What run_once() does not count (an allocation failing while it
+      // lists the handlers): this pass is over, the next one tries again.
+      // An exception on this thread would end the process.
+      log(log_level::error, "completer: a pass failed; the next one runs after idle_wait");
+    }
     std::unique_lock lock(m_);
     if (stopping_) return;
     // A shard that filled its batch may have more due: go on at once.

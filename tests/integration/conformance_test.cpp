@@ -1350,6 +1350,30 @@ TEST_P(Conformance, TheCompleterCountsAFinalErrorThatRecordedNothingAsRetrying) 
   EXPECT_EQ(rig.runs, 0);
 }
 
+// Found in review: run_once() caught std::exception only, so anything else
+// (a handler's decoding that throws an int) left it, and on the completer's
+// thread ended the whole process.
+TEST_P(Conformance, TheCompleterCountsAnyExceptionAsRetrying) {
+  config cfg = short_lease();
+  test::forwarding_store fs(*store_);
+  manager m(fs, cfg);
+  completer_rig rig;
+  const std::string handler = "odd-" + scope_.substr(6);
+  rig.register_on(m, handler);
+  leave_crashed_attempt(*store_, id("odd"), R"({"id":"x","amount":1})", 1000, handler, 1);
+  std::this_thread::sleep_for(20ms);
+  fs.on_statement = [](std::string_view name) {
+    if (name == "take_lease") throw 42;  // not a std::exception
+  };
+  completer_pass pass;
+  EXPECT_NO_THROW(pass = completer(m).run_once());
+  fs.on_statement = nullptr;
+  EXPECT_EQ(pass.claimed, 1U);
+  EXPECT_EQ(pass.retrying, 1U);
+  EXPECT_EQ(store_->inspect(id("odd"))->state, record_state::in_progress);
+  EXPECT_EQ(rig.runs, 0);
+}
+
 TEST_P(Conformance, TheCompleterFinishesARequestWhoseClientWentAway) {
   config cfg = short_lease();
   cfg.retry_backoff_base = 20ms;
