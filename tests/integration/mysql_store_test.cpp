@@ -327,16 +327,20 @@ TEST_F(MysqlStore, SessionsRunWithTheConfiguredTimeouts) {
 // a value too long for its column was stored cut short (a recorded body over
 // 16 MiB replayed truncated, as a success). The store sets both; the
 // server's other sql_mode flags stay.
-TEST_F(MysqlStore, SessionsCommitPlainlyAndRefuseValuesTooLongWhateverTheServerSays) {
-  // The store's own transactions may not SET GLOBAL: a connection of the
-  // connector's, as an operator's client would be.
+// A connection of the connector's own, as an operator's client (or another
+// process) would have: the store's transactions may not SET GLOBAL.
+std::unique_ptr<sql::Connection> outside_connection() {
   const auto shard = options_for_test().shards.at(0);
   sql::ConnectOptionsMap co;
   co["hostName"] = sql::SQLString("tcp://" + shard.host + ":" + std::to_string(shard.port));
   co["userName"] = sql::SQLString(shard.user);
   co["password"] = sql::SQLString(shard.password);
   co["OPT_RECONNECT"] = false;
-  std::unique_ptr<sql::Connection> operator_conn(get_driver_instance()->connect(co));
+  return std::unique_ptr<sql::Connection>(get_driver_instance()->connect(co));
+}
+
+TEST_F(MysqlStore, SessionsCommitPlainlyAndRefuseValuesTooLongWhateverTheServerSays) {
+  const auto operator_conn = outside_connection();
   std::unique_ptr<sql::Statement> op(operator_conn->createStatement());
   std::string mode;
   std::string completion;
@@ -378,6 +382,33 @@ TEST_F(MysqlStore, SessionsCommitPlainlyAndRefuseValuesTooLongWhateverTheServerS
   EXPECT_NE(session[0].find("STRICT_TRANS_TABLES"), std::string::npos) << session[0];
   EXPECT_NE(session[0].find("NO_ENGINE_SUBSTITUTION"), std::string::npos) << session[0];
   EXPECT_EQ(session[1], "NO_CHAIN");
+}
+
+// Found in review: a migrator waited 60 s for another's lock, longer than
+// the connection's read timeout (30 s by default), so a busy lock came back
+// as a lost connection (the shard's idle connections dropped) instead of
+// "another process is migrating". It waits within the read timeout.
+TEST_F(MysqlStore, AMigratorMeetingAnotherSaysSoWithinItsReadTimeout) {
+  const auto other = outside_connection();
+  std::unique_ptr<sql::Statement> st(other->createStatement());
+  {
+    std::unique_ptr<sql::ResultSet> got(st->executeQuery("SELECT GET_LOCK('orpheus_migrate', 5)"));
+    ASSERT_TRUE(got->next());
+    ASSERT_EQ(got->getInt(1), 1) << "another test is migrating";
+  }
+  auto o = options_for_test();
+  o.read_timeout = 4s;
+  o.lock_wait_timeout = 2s;
+  mysql_store s(o);
+  try {
+    s.migrate();
+    ADD_FAILURE() << "migrated under another migrator's lock";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("another process is migrating"), std::string::npos)
+        << e.what();
+  }
+  st->execute("DO RELEASE_LOCK('orpheus_migrate')");
 }
 
 // Found in review: the connector reports a statement given the wrong number

@@ -7,9 +7,12 @@
 #include <cppconn/resultset.h>
 #include <cppconn/statement.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "clock.hpp"
@@ -320,8 +323,13 @@ class mysql_backend final : public store_backend {
     c.guarded("migrate", [&](connection& conn) {
       std::unique_ptr<sql::Statement> st(conn.raw().createStatement());
       // DDL is not transactional in MySQL: serialise migrators with a lock.
+      // Waited for within read_timeout, so that a busy lock is this clear
+      // retryable error and not a connection lost under the wait (found in
+      // review: 60 s against the default 30 s read timeout).
+      const auto wait_s =
+          std::clamp<std::int64_t>(options_.read_timeout.count() - 2, std::int64_t{0}, 60);
       std::unique_ptr<sql::ResultSet> got(
-          st->executeQuery("SELECT GET_LOCK('orpheus_migrate', 60)"));
+          st->executeQuery("SELECT GET_LOCK('orpheus_migrate', " + std::to_string(wait_s) + ")"));
       if (!got->next() || got->getInt(1) != 1) {
         throw storage_error::transient("mysql: another process is migrating");
       }
