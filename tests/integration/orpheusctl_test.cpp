@@ -232,6 +232,9 @@ TEST_P(Orpheusctl, CancelsAMultiStepRequestBeforeItsPivotOnly) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.parsed()["recovery_point"].get<std::string>().find("authorise"), std::string::npos);
   EXPECT_EQ(r.parsed()["history"][0]["step"], "reserve");
+  r = ctl({"show", scope_, "order"});  // the human form names the step too
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", step reserve"), std::string::npos) << r.out;
   EXPECT_EQ(ctl({"cancel", scope_, "order"}).code, 2) << "--note is required";
   EXPECT_EQ(ctl({"cancel", scope_, "nobody", "--note", "x"}).code, 1);
   r = ctl({"--json", "cancel", scope_, "order", "--note", "customer asked"});

@@ -311,8 +311,11 @@ void print_record(const orpheus::record_report& r, const std::string& scope,
   }
   std::cout << "  history      " << (r.history.empty() ? "(none)" : "") << "\n";
   for (const auto& h : r.history) {
-    std::cout << "    " << iso_time(h.at_us) << "  attempt " << h.attempt << "  " << h.outcome
-              << " (" << h.runner << ")" << (h.error.empty() ? "" : ": " + h.error) << "\n";
+    // The step too (found in review: without it an operator reading an
+    // in-doubt row could not tell the authorisation from the capture).
+    std::cout << "    " << iso_time(h.at_us) << "  attempt " << h.attempt
+              << (h.step.empty() ? "" : ", step " + h.step) << "  " << h.outcome << " (" << h.runner
+              << ")" << (h.error.empty() ? "" : ": " + h.error) << "\n";
   }
 }
 
