@@ -312,7 +312,8 @@ TEST_F(MysqlStore, SessionsRunWithTheConfiguredTimeouts) {
   auto t = s.begin_on_shard(0);
   const auto rows = t->query(
       "SELECT @@session.innodb_lock_wait_timeout, @@session.wait_timeout, "
-      "@@session.net_read_timeout, @@session.net_write_timeout, @@session.autocommit");
+      "@@session.net_read_timeout, @@session.net_write_timeout, @@session.autocommit, "
+      "@@session.lock_wait_timeout");
   t->commit();
   ASSERT_EQ(rows.size(), 1U);
   EXPECT_EQ(rows[0].get<std::int64_t>(0), 4);
@@ -320,6 +321,7 @@ TEST_F(MysqlStore, SessionsRunWithTheConfiguredTimeouts) {
   EXPECT_EQ(rows[0].get<std::int64_t>(2), 25);
   EXPECT_EQ(rows[0].get<std::int64_t>(3), 25);
   EXPECT_EQ(rows[0].get<std::int64_t>(4), 0);
+  EXPECT_EQ(rows[0].get<std::int64_t>(5), 4) << "metadata locks wait as row locks do";
 }
 
 // Found in review: the session kept the server's completion_type and
@@ -382,6 +384,38 @@ TEST_F(MysqlStore, SessionsCommitPlainlyAndRefuseValuesTooLongWhateverTheServerS
   EXPECT_NE(session[0].find("STRICT_TRANS_TABLES"), std::string::npos) << session[0];
   EXPECT_NE(session[0].find("NO_ENGINE_SUBSTITUTION"), std::string::npos) << session[0];
   EXPECT_EQ(session[1], "NO_CHAIN");
+}
+
+// Found in review: a statement waiting for a metadata lock (an operator's
+// ALTER, a backup's FLUSH TABLES WITH READ LOCK) waited the server's day,
+// past read_timeout, and came back as a lost connection (the shard taken for
+// dead) instead of a retryable lock wait timeout.
+TEST_F(MysqlStore, AMetadataLockWaitEndsAsALockWaitTimeoutNotALostConnection) {
+  // A database of its own: the lock must not stall the other suites that
+  // share the test server.
+  const auto other = outside_connection();
+  std::unique_ptr<sql::Statement> st(other->createStatement());
+  const std::string db = "d_mdl_" + random_hex();
+  st->execute("CREATE DATABASE " + db);
+  auto o = options_for_test();
+  o.shards.at(0).database = db;
+  o.read_timeout = 4s;
+  o.lock_wait_timeout = 1s;
+  {
+    mysql_store s(o);
+    s.migrate();
+    st->execute("LOCK TABLES " + db + ".orpheus_records WRITE");
+    try {
+      auto t = s.begin_on_shard(0);
+      (void)t->query("SELECT COUNT(*) FROM orpheus_records");
+      ADD_FAILURE() << "read under another session's table lock";
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("1205"), std::string::npos) << e.what();
+    }
+    st->execute("UNLOCK TABLES");
+  }
+  st->execute("DROP DATABASE " + db);
 }
 
 // Found in review: a migrator waited 60 s for another's lock, longer than

@@ -338,9 +338,14 @@ class mysql_backend final : public store_backend {
       // statement on the table waits behind the ALTER: give up after a short
       // while (a retryable error) rather than stall the service (the
       // server's default is a day). Found in review.
-      st->execute("SET SESSION lock_wait_timeout = 10");
+      // (Within read_timeout, as the lock above.)
+      const auto ddl_wait =
+          std::clamp<std::int64_t>(options_.read_timeout.count() - 2, std::int64_t{1}, 10);
+      st->execute("SET SESSION lock_wait_timeout = " + std::to_string(ddl_wait));
       const auto restore = [&] {
-        st->execute("SET SESSION lock_wait_timeout = DEFAULT");
+        // Back to the session's own (connection.cpp), not the server's day.
+        st->execute("SET SESSION lock_wait_timeout = " +
+                    std::to_string(options_.lock_wait_timeout.count()));
         st->execute("DO RELEASE_LOCK('orpheus_migrate')");
       };
       try {
