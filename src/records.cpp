@@ -279,8 +279,8 @@ record_tx::record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql)
 record_tx::record_tx(backend_tx& t, const record_sql& sql) : t_(&t), sql_(sql) {}
 
 namespace {
-// a + b, or the largest value instead of overflowing (a retention of
-// "forever" from process_options is not capped).
+// a + b, or the largest value instead of overflowing (a guard: the manager
+// takes at most 100 years for each figure, whose sums fit).
 std::int64_t saturating_sum(std::int64_t a, std::int64_t b) {
   constexpr std::int64_t most = std::numeric_limits<std::int64_t>::max();
   return b > 0 && a > most - b ? most : a + b;

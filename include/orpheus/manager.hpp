@@ -193,6 +193,7 @@ struct process_options {
   /// How long this request's terminal record is kept, when not the manager's
   /// config::retention. For requests nobody can replay (a key the server
   /// made up for a request that came without one): 0ms, purged next time.
+  /// At most 100 years (config_error otherwise, nothing written).
   std::optional<std::chrono::milliseconds> retention{};
 };
 

@@ -688,6 +688,25 @@ TEST_P(Conformance, AResolvedRequestReplaysTheOperatorsOutcome) {
   const auto resolved = store_->inspect(kept);
   ASSERT_TRUE(resolved);
   EXPECT_GT(resolved->expires_us - resolved->db_now_us, std::int64_t{29} * 24 * 3600 * 1'000'000);
+  // "Forever" is refused, and one an older version stored (near int64's
+  // end) does not overflow an operator's write (found in review).
+  const auto forever = id("k6");
+  EXPECT_THROW(
+      pay(m, forever, c, flaky, process_options{.retention = std::chrono::milliseconds::max()}),
+      config_error);
+  EXPECT_FALSE(store_->inspect(forever)) << "refused before anything was written";
+  EXPECT_THROW(pay(m, forever, c, flaky), error);
+  EXPECT_THROW(pay(m, forever, c, flaky), error);  // parked
+  {
+    auto t = store_->begin_on_shard(store_->shard_of(forever));
+    t->execute(
+        "UPDATE orpheus_records SET retention_us = 9223372036854775000 WHERE scope = ? "
+        "AND idem_key = ?",
+        forever.scope, forever.key);
+    t->commit();
+  }
+  ASSERT_TRUE(ops.resolve(forever.scope, forever.key, settled, "by hand").ok());
+  EXPECT_EQ(store_->inspect(forever)->state, record_state::succeeded);
 
   // A failure by hand is recorded as failed.
   const auto lost = id("k2");
