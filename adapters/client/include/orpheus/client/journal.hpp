@@ -53,8 +53,10 @@ class key_journal {
   /// with key_for() alone a caller could not tell a resumed entry from a
   /// new one, and a resumed run whose answer settled nothing (a 401 once its
   /// token expired) completed the entry; the next run paid under a new key.
-  /// The default asks pending() first (exact in one process); the SQLite
-  /// journal does both in one transaction.
+  /// The default asks pending() first: exact only while no other call for
+  /// the same name runs meanwhile (two threads starting one logical request
+  /// at once could both be told "new"); override it to do both at once, as
+  /// the SQLite journal does in one transaction.
   virtual journal_entry entry_for(std::string_view name, std::string_view payload_fingerprint);
   /// The logical request got an answer that settles it (call_result::
   /// settled(): a 2xx, a replay, or a final answer with nothing in doubt
