@@ -512,6 +512,98 @@ TEST_P(Steps, AKeptStepRefNamesItsOwnStepAndExceptionsFollowTheManagersPolicy) {
   EXPECT_EQ(bank.effects["undo_authorise"], 0);
 }
 
+// docs/steps.md promises these; they had no test (found in review).
+// An in-doubt step holds the key to its attempt's deadline (a retry meanwhile
+// is 409, never a second call beside the first) and its history row names
+// the step; after it the retry resumes at that step with is_retry().
+TEST_P(Steps, AnInDoubtStepHoldsTheKeyAndItsHistoryNamesTheStep) {
+  config cfg = quick();
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "capture" && a.number() == 1) {
+      return error_info::of(error_class::in_doubt, "gateway_timeout", "sent, no answer");
+    }
+    return std::nullopt;
+  };
+  const auto f = flow_of(bank, {"authorise", "capture", "notify"}, 1, {"authorise"});
+  const auto rid = id("held");
+  try {
+    run(m, rid, f);
+    ADD_FAILURE() << "an in-doubt capture answered";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.in_doubt()) << e.what();
+  }
+  const auto held = store_->inspect(rid);
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->state, record_state::in_progress);
+  EXPECT_GT(held->lease_expires_us, held->db_now_us) << "held to the attempt's deadline";
+  try {
+    run(m, rid, f);
+    ADD_FAILURE() << "a retry ran beside the held attempt";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress) << e.what();
+  }
+  const auto report = ops.show(rid.scope, rid.key);
+  ASSERT_TRUE(report);
+  bool named = false;
+  for (const auto& h : report->history) {
+    if (h.outcome == "in_doubt") named = named || h.step == "capture";
+  }
+  EXPECT_TRUE(named) << "no in_doubt history row naming the capture";
+  // After the hold: resumed at the capture, as a retry; nothing undone.
+  std::optional<response> done;
+  for (int i = 0; i < 300 && !done; ++i) {
+    try {
+      done = run(m, rid, f);
+    } catch (const error& e) {
+      ASSERT_EQ(e.code(), codes::in_progress) << e.what();
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->status, 201);
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "capture#2", "notify#2"}));
+  EXPECT_EQ(bank.effects["undo_authorise"], 0);
+}
+
+// The flow's own unclassified() wins over the manager's config::unclassified,
+// both ways.
+TEST_P(Steps, TheFlowsUnclassifiedPolicyWinsOverTheManagers) {
+  for (const bool flow_retries : {true, false}) {
+    SCOPED_TRACE(flow_retries ? "the flow retries" : "the flow does not");
+    config cfg = quick();
+    cfg.unclassified =
+        flow_retries ? unclassified_policy::non_retryable : unclassified_policy::retryable;
+    manager m(*store_, cfg);
+    fake_bank bank;
+    auto f = flow_of(bank, {"authorise", "capture"}, 1, {"authorise"});
+    int throws = 0;
+    f.step("notify", [&](const attempt& a, const order&, const step_results&) {
+      if (throws++ == 0) throw std::runtime_error("read timed out");
+      return bank.call("notify", a);
+    });
+    f.unclassified(flow_retries ? unclassified_policy::retryable
+                                : unclassified_policy::non_retryable);
+    const auto rid = id(flow_retries ? "retries" : "final");
+    try {
+      run(m, rid, f);
+      ADD_FAILURE() << "the first notify throws";
+    } catch (const error& e) {
+      // After the pivot a failure for good goes forward too, but is told
+      // as step_failed_after_pivot; a retryable one keeps its own class.
+      if (flow_retries) {
+        EXPECT_EQ(e.code(), codes::unclassified) << e.what();
+      } else {
+        EXPECT_EQ(e.code(), codes::step_failed_after_pivot) << e.what();
+      }
+      EXPECT_TRUE(e.retryable());
+    }
+    EXPECT_EQ(run(m, rid, f).status, 201);
+  }
+}
+
 TEST_P(Steps, AKeyIsResumedOnlyWithTheStepsItWasRecordedWith) {
   manager m(*store_, quick());
   fake_bank bank;
