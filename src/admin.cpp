@@ -21,12 +21,13 @@ namespace {
 // it as a new request). As a completer finishing it would keep it.
 lease_terms terms_for(const record& r, const config& c) {
   lease_terms t = detail::terms_of(c);
-  // At most 100 years, as the library takes it since: an older version
-  // stored "forever" near int64's end, which these writes add to the clock
-  // (found in review: the database refused the sum, and the record could
-  // never be resolved).
-  constexpr std::int64_t century_us = std::int64_t{100} * 366 * 24 * 3600 * 1'000'000;
-  t.retention_us = std::max(t.retention_us, std::min(r.retention_us, century_us));
+  // At most longest_duration, as the library takes it since: an older
+  // version stored "forever" near int64's end, which these writes add to the
+  // clock (found in review: the database refused the sum, and the record
+  // could never be resolved).
+  constexpr std::int64_t longest_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(detail::longest_duration).count();
+  t.retention_us = std::max(t.retention_us, std::min(r.retention_us, longest_us));
   return t;
 }
 

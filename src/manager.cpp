@@ -27,10 +27,6 @@ std::int64_t micros(std::chrono::milliseconds d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
-// Every duration ends up in microseconds added to the database clock:
-// refuse what would overflow long before int64 does.
-constexpr auto longest = std::chrono::duration_cast<std::chrono::milliseconds>(24h * 366 * 100);
-
 constexpr std::string_view runner_completer = "completer";
 
 [[noreturn]] void throw_mismatch() {
@@ -145,7 +141,8 @@ std::string_view to_string(record_state s) noexcept {
 void validate(const config& c) {
   auto check = [&](std::chrono::milliseconds d, const char* name) {
     if (d <= 0ms) throw config_error(std::string(name) + " must be positive");
-    if (d > longest) throw config_error(std::string(name) + " must be at most 100 years");
+    if (d > detail::longest_duration)
+      throw config_error(std::string(name) + " must be at most 100 years");
   };
   check(c.lease, "lease");
   check(c.rpc_timeout, "rpc_timeout");
@@ -589,7 +586,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     if (*options.retention < 0ms) throw config_error("process_options::retention is negative");
     // Found in review: "forever" (milliseconds::max()) overflowed in micros(),
     // and a record's retention is added to the clock by later writes too.
-    if (*options.retention > longest) {
+    if (*options.retention > detail::longest_duration) {
       throw config_error("process_options::retention must be at most 100 years");
     }
     terms.retention_us = micros(*options.retention);

@@ -245,6 +245,12 @@ concept post_on_success_with_state =
 template <class Post, class T>
 concept post_on_success = std::is_invocable_r_v<response, Post&, tx&, const attempt&, const T&>;
 
+/// The longest duration the library takes (config, process_options): every
+/// one ends up in microseconds added to the database clock, and sums of
+/// them stay far from int64's end.
+inline constexpr std::chrono::milliseconds longest_duration =
+    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::hours{24 * 366 * 100});
+
 /// The lease, retry window and retention of `c`, in microseconds.
 lease_terms terms_of(const config& c);
 

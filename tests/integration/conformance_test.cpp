@@ -121,6 +121,22 @@ class Conformance : public testing::TestWithParam<std::string> {
     t->commit();
     return rows.empty() ? -1 : rows[0].get<std::int64_t>(0);
   }
+  // A request whose RPC counts its runs (and returns is_retry()), and whose
+  // Post-RPC writes the application's row `row` with `amount`, then answers
+  // what `answer` gives (or throws what it throws).
+  response with_post(manager& m, const request_id& rid, int& rpc_calls, const std::string& row,
+                     std::int64_t amount, const std::function<response()>& answer) {
+    return m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt& a, int) {
+          ++rpc_calls;
+          return a.is_retry();
+        },
+        [&](tx& t, const attempt&, const outcome<bool>&) {
+          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", row, amount);
+          return answer();
+        });
+  }
   std::string app_result(const std::string& payment_id) {
     auto t = store_->begin_on_shard(0);
     auto rows = t->query("SELECT result FROM test_payments WHERE id = ?", payment_id);
@@ -1748,17 +1764,10 @@ TEST_P(Conformance, ThrowingPostRpcRollsBackItsWritesAndLeavesTheKeyRetryable) {
   const auto rid = id("k1");
   int rpc_calls = 0;
   auto run = [&](bool post_throws) {
-    return m.process(
-        rid, [](tx&) { return 1; },
-        [&](const attempt& a, int) {
-          ++rpc_calls;
-          return a.is_retry();
-        },
-        [&](tx& t, const attempt&, const outcome<bool>&) {
-          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", "post-" + scope_, 7);
-          if (post_throws) throw std::runtime_error("disk full in the app");
-          return response{200, {}, "done"};
-        });
+    return with_post(m, rid, rpc_calls, "post-" + scope_, 7, [&] {
+      if (post_throws) throw std::runtime_error("disk full in the app");
+      return response{200, {}, "done"};
+    });
   };
   try {
     run(true);
@@ -1784,17 +1793,9 @@ TEST_P(Conformance, APostRpcAnswerWithoutAFinalStatusIsNotRecorded) {
   const auto rid = id("interim");
   int rpc_calls = 0;
   auto run = [&](int status) {
-    return m.process(
-        rid, [](tx&) { return 1; },
-        [&](const attempt& a, int) {
-          ++rpc_calls;
-          return a.is_retry();
-        },
-        [&](tx& t, const attempt&, const outcome<bool>&) {
-          t.execute("INSERT INTO test_payments (id, amount) VALUES (?, ?)", "interim-" + scope_,
-                    status);
-          return response{status, {}, "done"};
-        });
+    return with_post(m, rid, rpc_calls, "interim-" + scope_, status, [&] {
+      return response{status, {}, "done"};
+    });
   };
   int refused = 0;
   for (const int status : {102, 100, 199, 0, -1, 600, 1000}) {

@@ -47,12 +47,13 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
   // cut (without strict mode a recorded body over a MEDIUMBLOB's 16 MiB was
   // stored cut short, and replayed so as a success). The server's other
   // sql_mode flags stay: the application's SQL shares the session.
-  const std::string idle = std::to_string(o.session_idle_timeout.count());
+  //
   // lock_wait_timeout (metadata locks: an operator's ALTER, a backup's
-  // FLUSH TABLES WITH READ LOCK) the same as the row locks' (found in
-  // review: the server's default is a day, so such a wait outlasted
-  // read_timeout and came back as a lost connection, the shard taken for
-  // dead, instead of a retryable 1205).
+  // FLUSH TABLES WITH READ LOCK) is the row locks' too (found in review: the
+  // server's default is a day, so such a wait outlasted read_timeout and
+  // came back as a lost connection, the shard taken for dead, instead of a
+  // retryable 1205).
+  const std::string idle = std::to_string(o.session_idle_timeout.count());
   const std::string lock_wait = std::to_string(o.lock_wait_timeout.count());
   st->execute("SET SESSION time_zone = '+00:00', SESSION innodb_lock_wait_timeout = " + lock_wait +
               ", SESSION lock_wait_timeout = " + lock_wait + ", SESSION wait_timeout = " + idle +

@@ -323,13 +323,14 @@ class mysql_backend final : public store_backend {
     c.guarded("migrate", [&](connection& conn) {
       std::unique_ptr<sql::Statement> st(conn.raw().createStatement());
       // DDL is not transactional in MySQL: serialise migrators with a lock.
-      // Waited for within read_timeout, so that a busy lock is this clear
-      // retryable error and not a connection lost under the wait (found in
-      // review: 60 s against the default 30 s read timeout).
-      const auto wait_s =
-          std::clamp<std::int64_t>(options_.read_timeout.count() - 2, std::int64_t{0}, 60);
-      std::unique_ptr<sql::ResultSet> got(
-          st->executeQuery("SELECT GET_LOCK('orpheus_migrate', " + std::to_string(wait_s) + ")"));
+      // Every wait here ends within read_timeout, so that a busy lock or
+      // table is a clear retryable error and not a connection lost under
+      // the wait (found in review: GET_LOCK waited 60 s against the default
+      // 30 s read timeout).
+      const std::int64_t within_read = options_.read_timeout.count() - 2;
+      const auto lock_wait = std::clamp<std::int64_t>(within_read, 0, 60);
+      std::unique_ptr<sql::ResultSet> got(st->executeQuery("SELECT GET_LOCK('orpheus_migrate', " +
+                                                           std::to_string(lock_wait) + ")"));
       if (!got->next() || got->getInt(1) != 1) {
         throw storage_error::transient("mysql: another process is migrating");
       }
@@ -338,9 +339,7 @@ class mysql_backend final : public store_backend {
       // statement on the table waits behind the ALTER: give up after a short
       // while (a retryable error) rather than stall the service (the
       // server's default is a day). Found in review.
-      // (Within read_timeout, as the lock above.)
-      const auto ddl_wait =
-          std::clamp<std::int64_t>(options_.read_timeout.count() - 2, std::int64_t{1}, 10);
+      const auto ddl_wait = std::clamp<std::int64_t>(within_read, 1, 10);
       st->execute("SET SESSION lock_wait_timeout = " + std::to_string(ddl_wait));
       const auto restore = [&] {
         // Back to the session's own (connection.cpp), not the server's day.
