@@ -271,6 +271,13 @@ record_sql::record_sql(const sql_dialect& d) {
   max_version = "SELECT COALESCE(MAX(version), 0) FROM orpheus_schema_version";
   add_version =
       "INSERT INTO orpheus_schema_version(version, name, applied_us) VALUES (?, ?, " + now + ")";
+  read_shard_map = "SELECT shard_index, shard_count FROM orpheus_shard_map WHERE id = 1";
+  record_shard_map =
+      "INSERT INTO orpheus_shard_map(id, shard_index, shard_count, set_us) VALUES (1, ?, ?, " +
+      now + ")";
+  replace_shard_map =
+      "UPDATE orpheus_shard_map SET shard_index = ?, shard_count = ?, set_us = " + now +
+      " WHERE id = 1";
 }
 
 record_tx::record_tx(std::unique_ptr<backend_tx> t, const record_sql& sql)

@@ -3,6 +3,9 @@
 #include "orpheus/store.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,6 +23,28 @@ std::int64_t first_int(const sql_rows& rows) {
              : detail::int_or_zero(rows.front().values.front());
 }
 
+struct shard_place {
+  std::int64_t index = 0;
+  std::int64_t count = 0;
+  friend bool operator==(const shard_place&, const shard_place&) = default;
+};
+
+std::optional<shard_place> place_in(const sql_rows& rows) {
+  if (rows.empty() || rows.front().values.size() < 2) return std::nullopt;
+  return shard_place{detail::int_or_zero(rows.front().values[0]),
+                     detail::int_or_zero(rows.front().values[1])};
+}
+
+std::string describe(const shard_place& p) {
+  return "shard " + std::to_string(p.index) + " of " + std::to_string(p.count);
+}
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backend)) {
@@ -28,7 +53,7 @@ store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backen
   sql_ = std::make_unique<const detail::record_sql>(backend_->dialect());
   for (const auto& m : backend_->migrations())
     required_version_ = std::max(required_version_, m.version);
-  schema_current_ = std::vector<std::atomic<bool>>(backend_->shard_count());
+  checks_ = std::make_unique<shard_check[]>(backend_->shard_count());
 }
 
 store::~store() = default;
@@ -127,14 +152,49 @@ std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
 }
 
 void store::migrate() {
-  for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s);
+  for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s, false);
 }
 
-void store::migrate_shard(std::size_t shard) {
+void store::migrate_shard(std::size_t shard) { migrate_shard(shard, false); }
+
+void store::adopt_shard_map() {
+  for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s, true);
+}
+
+void store::recheck_shard_map_every(std::chrono::milliseconds every) {
+  if (every.count() < 0 || every > std::chrono::hours(24)) {
+    throw config_error("store: the shard map recheck interval must be 0 to 24 hours");
+  }
+  map_recheck_ns_.store(std::chrono::nanoseconds(every).count(), std::memory_order_relaxed);
+  for (std::size_t s = 0; s < shard_count(); ++s) {
+    checks_[s].map_checked_until_ns.store(0, std::memory_order_relaxed);
+  }
+}
+
+void store::migrate_shard(std::size_t shard, bool adopt_map) {
   check_shard(shard);
   const auto migrations = backend_->migrations();
+  const shard_place mine{static_cast<std::int64_t>(shard),
+                         static_cast<std::int64_t>(shard_count())};
   backend_->exclusively(shard, [&](tx& t) {
     t.execute(sql_->create_version_table);
+    // The recorded map is checked before any DDL: on MySQL, DDL commits by
+    // itself, and a refused migrate changes nothing.
+    const sql_value map_table[] = {std::string("orpheus_shard_map")};
+    std::optional<shard_place> recorded;
+    if (first_int(t.query_values(sql_->count_tables, map_table)) != 0) {
+      recorded = place_in(t.query(sql_->read_shard_map));
+    }
+    if (recorded && *recorded != mine && !adopt_map) {
+      throw config_error(
+          "store: the database of shard " + std::to_string(shard) + " of this store's " +
+          std::to_string(shard_count()) + " records itself as " + describe(*recorded) +
+          ": another process migrated it with other shards, or the same ones in another order. "
+          "Two processes whose shard maps differ run a retry of one key as a new request on "
+          "another shard (a second charge). Nothing was changed. Give this process the shards "
+          "the others have, in their order; for a planned change of the map, see "
+          "docs/sharding.md (store::adopt_shard_map(), orpheusctl adopt-shard-map)");
+    }
     const std::int64_t current = first_int(t.query(sql_->max_version));
     // Each file is recorded as soon as it is applied: where DDL is not
     // transactional (MySQL), a failed run resumes at the file that failed.
@@ -143,13 +203,81 @@ void store::migrate_shard(std::size_t shard) {
       for (const auto& statement : detail::split_statements(m.sql)) t.execute(statement);
       t.execute(sql_->add_version, m.version, m.name);
     }
+    if (!recorded) {
+      t.execute(sql_->record_shard_map, mine.index, mine.count);
+    } else if (*recorded != mine) {
+      t.execute(sql_->replace_shard_map, mine.index, mine.count);
+    }
   });
+  // This process's own checks start again (an adopted map, a first one).
+  checks_[shard].map_checked_until_ns.store(0, std::memory_order_release);
+}
+
+namespace {
+
+/// The refusal of a store whose shard `shard` records `recorded` (nothing:
+/// no row) instead of this store's place for it. Retryable, as for an old
+/// schema: the request changed nothing, and the cure is a deploy (the right
+/// shard list) or a migrate.
+storage_error map_refusal(std::size_t shard, std::size_t count,
+                          const std::optional<shard_place>& recorded, bool for_all) {
+  return storage_error::transient(
+      "store: shard " + std::to_string(shard) + " of this store's " + std::to_string(count) +
+      (recorded ? " records itself as " + describe(*recorded) +
+                      ": this process was given other shards, or the same ones in another "
+                      "order, than the process that migrated it, and would look for a key on "
+                      "another shard than theirs (docs/sharding.md)"
+                : " records no shard map (no row in orpheus_shard_map): run migrate "
+                  "(store::migrate(), orpheusctl migrate) before serving") +
+      "; until then every request on " + (for_all ? "every shard" : "it") +
+      " is refused and nothing is written");
+}
+
+}  // namespace
+
+void store::check_recorded_map(std::size_t shard) {
+  const auto count = static_cast<std::int64_t>(shard_count());
+  if (!map_seen_whole_.load(std::memory_order_acquire)) {
+    // Once per store: every other shard that answers agrees too. Each
+    // shard checked alone is not enough: two processes given [x, y] and
+    // [y, x] that each migrated only their first shard would both find it
+    // "shard 0 of 2", and serve the same key on x and on y.
+    for (std::size_t other = 0; other < shard_count(); ++other) {
+      if (other == shard) continue;
+      std::optional<shard_place> recorded;
+      try {
+        recorded = place_in(backend_->read(other, sql_->read_shard_map, {}));
+      } catch (const storage_error&) {
+        continue;  // down, or not migrated: its own requests will check it
+      }
+      if (recorded && *recorded != shard_place{static_cast<std::int64_t>(other), count}) {
+        throw map_refusal(other, shard_count(), recorded, true);
+      }
+    }
+  }
+  const auto recorded = place_in(backend_->read(shard, sql_->read_shard_map, {}));
+  if (!recorded || *recorded != shard_place{static_cast<std::int64_t>(shard), count}) {
+    throw map_refusal(shard, shard_count(), recorded, false);
+  }
+  map_seen_whole_.store(true, std::memory_order_release);
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {
   check_shard(shard);
-  std::atomic<bool>& current = schema_current_[shard];
-  if (current.load(std::memory_order_acquire)) return *backend_;
+  shard_check& checked = checks_[shard];
+  const std::int64_t now = steady_ns();
+  if (now < checked.map_checked_until_ns.load(std::memory_order_acquire)) return *backend_;
+  if (!checked.schema_current.load(std::memory_order_acquire)) {
+    check_schema_version(shard);
+    checked.schema_current.store(true, std::memory_order_release);
+  }
+  check_recorded_map(shard);
+  checked.map_checked_until_ns.store(now + map_recheck_ns_.load(std::memory_order_relaxed),
+                                     std::memory_order_release);
+  return *backend_;
+}
+
+void store::check_schema_version(std::size_t shard) {
   const int have = required_version_ == 0 ? 0 : schema_version(shard);
   if (have < required_version_) {
     // Retryable, unlike other refusals of the server (docs/mysql.md): the
@@ -166,8 +294,6 @@ store_backend& store::backend_for_records(std::size_t shard) {
                                  "files there, docs/schema.md)")
                    : std::string()));
   }
-  current.store(true, std::memory_order_release);
-  return *backend_;
 }
 
 int store::schema_version(std::size_t shard) {

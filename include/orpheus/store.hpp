@@ -135,12 +135,32 @@ class store {
   /// were deleted (records and history): 0 when there is nothing left.
   std::size_t purge_expired(std::size_t shard, std::size_t limit);
   /// Applies the schema migrations this library version ships that a
-  /// shard's schema version table does not list yet, on every shard.
+  /// shard's schema version table does not list yet, on every shard, and
+  /// records this store's shard map in each shard's database: shard i of
+  /// shard_count() (orpheus_shard_map, docs/sharding.md). A shard whose
+  /// database already records another map (it was migrated by a process
+  /// given other shards, or the same ones in another order) is refused with
+  /// config_error before anything on it changes: two processes that route a
+  /// key to different shards each run a retry of it as a new request. A
+  /// planned change of the map goes through adopt_shard_map().
   void migrate();
   /// The same on one shard: a service may start with the shards that answer
   /// and migrate the others when they come back (until then the record
   /// statements refuse them: backend_for_records()).
   void migrate_shard(std::size_t shard);
+  /// migrate(), but a shard that records another map is given this store's:
+  /// for a planned change of the shard map only, once every server of the
+  /// old map has stopped and the keys that move are dealt with
+  /// (docs/sharding.md, "Resharding"). A server still running with the old
+  /// map refuses every request within the recheck interval
+  /// (recheck_shard_map_every()); what it ran before then, it ran on its
+  /// old map.
+  void adopt_shard_map();
+  /// How often a shard's recorded map is read again once it was found to
+  /// agree (10 s unless set): one read per shard per interval, on the
+  /// request that finds the interval over. 0 (every request) to 24 hours;
+  /// config_error otherwise.
+  void recheck_shard_map_every(std::chrono::milliseconds every);
   /// The highest applied schema version of a shard (0 before any).
   int schema_version(std::size_t shard);
   /// The schema version the record statements of this library version
@@ -150,15 +170,21 @@ class store {
   /// The backend, for the application's own statements, migrations and
   /// tests. The record statements go through backend_for_records().
   [[nodiscard]] store_backend& backend() noexcept { return *backend_; }
-  /// The backend, to run the record statements on `shard`. Until a shard
-  /// is found current, each call reads its schema version (at most two
-  /// reads); after that, never again in this store's life (a schema only
-  /// moves forward). If it is older than required_schema_version() (a
-  /// binary deployed before `migrate`), this throws a retryable
-  /// storage_error (storage_unavailable) that names both versions, and
-  /// keeps refusing until the shard is migrated: the record statements
-  /// would name columns the schema lacks. A read that fails throws as
-  /// read() does.
+  /// The backend, to run the record statements on `shard`. Before the
+  /// record statements reach a shard, two things are checked, by reads:
+  /// - its schema version, until it is found current (then never again in
+  ///   this store's life: a schema only moves forward). If it is older than
+  ///   required_schema_version() (a binary deployed before `migrate`), the
+  ///   record statements would name columns the schema lacks;
+  /// - its recorded shard map (see migrate()), again each recheck interval
+  ///   (recheck_shard_map_every()); and, until one such check passes, the
+  ///   map recorded by every other shard that answers (a shard that does
+  ///   not answer costs that first check one failed read). A shard that
+  ///   records no map, or another one, would let a key's retry run on a
+  ///   shard where another process does not look.
+  /// Either way this throws a retryable storage_error (storage_unavailable)
+  /// that says what differs, and keeps refusing until it is fixed: nothing
+  /// is written. A read that fails throws as read() does.
   store_backend& backend_for_records(std::size_t shard);
   /// The record state machine's SQL in this backend's dialect.
   [[nodiscard]] const detail::record_sql& statements() const noexcept { return *sql_; }
@@ -166,11 +192,23 @@ class store {
  private:
   /// Throws a permanent storage_error for a shard that does not exist.
   void check_shard(std::size_t shard) const;
+  void migrate_shard(std::size_t shard, bool adopt_map);
+  /// Each throws a retryable storage_error unless `shard`'s database has
+  /// the schema version this library needs, or records this store's map.
+  void check_schema_version(std::size_t shard);
+  void check_recorded_map(std::size_t shard);
+
+  struct shard_check {
+    std::atomic<bool> schema_current{false};            // found new enough
+    std::atomic<std::int64_t> map_checked_until_ns{0};  // steady clock
+  };
 
   std::unique_ptr<store_backend> backend_;
   std::unique_ptr<const detail::record_sql> sql_;
   int required_version_ = 0;
-  std::vector<std::atomic<bool>> schema_current_;  // per shard: checked, and new enough
+  std::unique_ptr<shard_check[]> checks_;  // one per shard
+  std::atomic<std::int64_t> map_recheck_ns_{10'000'000'000};
+  std::atomic<bool> map_seen_whole_{false};  // every shard that answered agreed once
 };
 
 }  // namespace orpheus

@@ -99,9 +99,9 @@ TEST_P(Migration, RecordsOfVersion2MoveForwardWithoutLoss) {
   insert_v2("waiting", 2, 3, R"("p3")", 0, "", "", "bank_unavailable: 503");
 
   store_->migrate();
-  EXPECT_EQ(store_->schema_version(0), 5);
+  EXPECT_EQ(store_->schema_version(0), 6);
   store_->migrate();  // idempotent
-  EXPECT_EQ(store_->schema_version(0), 5);
+  EXPECT_EQ(store_->schema_version(0), 6);
 
   const auto done = store_->inspect(id("done"));
   ASSERT_TRUE(done);

@@ -43,7 +43,8 @@ class Orpheusctl : public testing::TestWithParam<std::string> {
     } else {
       store_ = test::make_store("mysql", 2);
       ASSERT_TRUE(store_);
-      const auto urls = test::mysql_urls();
+      const auto urls = test::mysql_map_urls(2);
+      ASSERT_EQ(urls.size(), 2U);
       store_arg_ = urls[0] + "," + urls[1];
     }
     scope_ = "ctl-" + test::random_hex();
@@ -268,11 +269,35 @@ TEST(OrpheusctlStore, RefusesAStoreThatIsNotMigratedAndCreatesNoFile) {
   EXPECT_FALSE(std::filesystem::exists(dir / "missing.db")) << "only migrate creates a file";
   const auto migrated = run_ctl("sqlite:" + (dir / "old.db").string(), {"--json", "migrate"});
   ASSERT_EQ(migrated.code, 0);
-  EXPECT_EQ(migrated.parsed()["schema_version"][0], 5);
+  EXPECT_EQ(migrated.parsed()["schema_version"][0], 6);
   EXPECT_EQ(run_ctl("sqlite:" + (dir / "old.db").string(), {"stats"}).code, 0);
   // A bad key is bad usage (2), even when the database cannot be reached
   // (found in review: it was checked after opening the store).
   EXPECT_EQ(run_ctl("mysql://u:p@127.0.0.1:1/d", {"show", "s", " bad key"}).code, 2);
+}
+
+// The shard map: migrate refuses another order (bad input, 2: nothing
+// changed), every command of that order is refused (4, retryable), and
+// adopt-shard-map makes it the recorded one. Two scratch databases of their
+// own: the test servers' databases are shared with other tests.
+TEST(OrpheusctlStore, RefusesAnotherShardMapAndAdoptsOneOnlyWhenAsked) {
+  const auto dir = std::filesystem::temp_directory_path() / ("orpheusctl-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const test::scratch_store a("mysql", dir, "ctl_map_");
+  const test::scratch_store b("mysql", dir, "ctl_map_");
+  const std::string ab = a.url() + "," + b.url();
+  const std::string ba = b.url() + "," + a.url();
+  EXPECT_EQ(run_ctl(ab, {"migrate"}).code, 0);
+  EXPECT_EQ(run_ctl(ab, {"stats"}).code, 0);
+  EXPECT_EQ(run_ctl(ba, {"migrate"}).code, 2);
+  EXPECT_EQ(run_ctl(ba, {"stats"}).code, 4);
+  EXPECT_EQ(run_ctl(ab, {"stats"}).code, 0) << "a refused migrate changed the recorded map";
+  const auto adopted = run_ctl(ba, {"--json", "adopt-shard-map"});
+  ASSERT_EQ(adopted.code, 0) << adopted.out;
+  EXPECT_EQ(adopted.parsed()["shard_count"], 2);
+  EXPECT_EQ(run_ctl(ba, {"stats"}).code, 0);
+  EXPECT_EQ(run_ctl(ab, {"stats"}).code, 4);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

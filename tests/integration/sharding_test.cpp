@@ -13,6 +13,51 @@
 namespace orpheus {
 namespace {
 
+/// A database of its own (a fresh name) on each test server, dropped at the
+/// end; map() gives a store's options over them in any order.
+struct scratch_databases {
+  explicit scratch_databases(const std::string& prefix) : name(prefix + test::random_hex(6)) {
+    const auto urls = test::mysql_urls();
+    if (urls.size() < 2) {
+      ADD_FAILURE() << "ORPHEUS_TEST_MYSQL must list two MariaDB URLs";
+      return;
+    }
+    for (std::size_t i = 0; i < 2; ++i) {
+      mysql_options one;
+      one.shards.push_back(parse_mysql_url(urls[i]));
+      servers.push_back(std::make_unique<mysql_store>(one));
+      auto t = servers.back()->begin_on_shard(0);
+      t->execute("CREATE DATABASE " + name);
+      t->commit();
+      shards.push_back(one.shards[0]);
+      shards.back().database = name;
+    }
+  }
+  scratch_databases(const scratch_databases&) = delete;
+  scratch_databases& operator=(const scratch_databases&) = delete;
+  ~scratch_databases() {
+    for (auto& server : servers) {
+      try {  // a destructor: a throw here would end the whole test program
+        auto t = server->begin_on_shard(0);
+        t->execute("DROP DATABASE IF EXISTS " + name);
+        t->commit();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "could not drop " << name << ": " << e.what();
+      }
+    }
+  }
+  /// Options whose shard i is the database on server order[i].
+  [[nodiscard]] mysql_options map(std::initializer_list<std::size_t> order) const {
+    mysql_options o;
+    for (const std::size_t server : order) o.shards.push_back(shards.at(server));
+    return o;
+  }
+
+  std::string name;
+  std::vector<std::unique_ptr<mysql_store>> servers;  // the test databases, to create ours
+  std::vector<mysql_shard> shards;                    // ours, one per server
+};
+
 TEST(Sharding, RecordsAndApplicationRowsLandOnTheKeysShardOnly) {
   auto s = test::make_store("mysql", 2);
   ASSERT_TRUE(s);
@@ -131,35 +176,9 @@ TEST(Sharding, ListIsLeastRecentlyChangedFirstAcrossShards) {
 // Shard 0 here is a fresh database never migrated, shard 1 a migrated one.
 TEST(Sharding, APurgeGoesOnPastAShardThatFails) {
   using namespace std::chrono_literals;
-  const auto urls = test::mysql_urls();
-  ASSERT_GE(urls.size(), 2U) << "ORPHEUS_TEST_MYSQL must list two MariaDB URLs";
-  const std::string db = "orpheus_purge_" + test::random_hex(6);
-  struct databases {
-    std::vector<std::unique_ptr<mysql_store>> servers;
-    std::string name;
-    ~databases() {
-      for (auto& server : servers) {
-        try {  // a destructor: a throw here would end the whole test program
-          auto t = server->begin_on_shard(0);
-          t->execute("DROP DATABASE IF EXISTS " + name);
-          t->commit();
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "could not drop " << name << ": " << e.what();
-        }
-      }
-    }
-  } created{{}, db};
-  mysql_options o;
-  for (std::size_t i = 0; i < 2; ++i) {
-    mysql_options one;
-    one.shards.push_back(parse_mysql_url(urls[i]));
-    created.servers.push_back(std::make_unique<mysql_store>(one));
-    auto t = created.servers.back()->begin_on_shard(0);
-    t->execute("CREATE DATABASE " + db);
-    t->commit();
-    o.shards.push_back(parse_mysql_url(urls[i]));
-    o.shards.back().database = db;
-  }
+  scratch_databases created("orpheus_purge_");
+  ASSERT_EQ(created.servers.size(), 2U);
+  const mysql_options o = created.map({0, 1});
   mysql_store s(o);
   s.migrate_shard(1);
   manager m(s);
@@ -200,6 +219,184 @@ TEST(Sharding, APurgeGoesOnPastAShardThatFails) {
   admin ops(s, config{});
   EXPECT_THROW(ops.purge(100), storage_error) << "shard 0 failed: the purge did not finish";
   EXPECT_FALSE(s.inspect(again)) << "admin::purge did not purge shard 1 because shard 0 failed";
+}
+
+// A payment through `m` under `key`; counts the RPCs that ran.
+response pay(manager& m, const request_id& id, int& rpcs) {
+  return m.process(
+      id, [](tx&) { return 1; },
+      [&rpcs](const attempt&, int) {
+        ++rpcs;
+        return std::string("charged");
+      },
+      [](tx&, const attempt&, const std::string& v) {
+        return response{201, {}, v};
+      });
+}
+
+request_id key_on(const store& s, std::size_t shard, const std::string& prefix) {
+  for (int i = 0;; ++i) {
+    request_id id{"map", prefix + std::to_string(i), fingerprint_of("x")};
+    if (s.shard_of(id) == shard) return id;
+  }
+}
+
+std::int64_t records_in(const scratch_databases& dbs) {
+  std::int64_t n = 0;
+  for (const auto& server : dbs.servers) {
+    auto t = server->begin_on_shard(0);
+    n += t->query("SELECT COUNT(*) FROM " + dbs.name + ".orpheus_records")[0].get<std::int64_t>(0);
+    t->commit();
+  }
+  return n;
+}
+
+TEST(Sharding, MigrateRecordsEachShardsPlaceInTheMap) {
+  auto s = test::make_store("mysql", 2);
+  ASSERT_TRUE(s);
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto t = s->begin_on_shard(i);
+    const auto rows = t->query("SELECT shard_index, shard_count FROM orpheus_shard_map");
+    t->commit();
+    ASSERT_EQ(rows.size(), 1U);
+    EXPECT_EQ(rows[0].get<std::int64_t>(0), static_cast<std::int64_t>(i));
+    EXPECT_EQ(rows[0].get<std::int64_t>(1), 2);
+  }
+}
+
+// Left open by two reviews: nothing checked that two processes route a key
+// to the same shard. A process given the shards in another order, or a
+// different number of them (a rolling deploy that grows the map), looked for
+// a retried key on another shard than the first attempt's, found nothing and
+// ran it as a new request: a second charge. Each database now records its
+// place in the map; another map is refused at migrate, and every request of
+// a store with another map is refused, retryable, before anything is written.
+TEST(Sharding, AStoreGivenAnotherShardMapIsRefusedBeforeItWritesAnything) {
+  scratch_databases dbs("orpheus_map_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store first(dbs.map({0, 1}));
+  first.migrate();
+  manager m(first);
+  int rpcs = 0;
+  EXPECT_EQ(pay(m, key_on(first, 0, "first-"), rpcs).status, 201);
+  EXPECT_EQ(pay(m, key_on(first, 1, "first-"), rpcs).status, 201);
+  ASSERT_EQ(records_in(dbs), 2);
+
+  for (const auto& [what, order] : std::vector<std::pair<std::string, std::vector<std::size_t>>>{
+           {"swapped", {1, 0}}, {"one shard", {0}}, {"the other one", {1}}}) {
+    mysql_options o;
+    for (const std::size_t server : order) o.shards.push_back(dbs.shards.at(server));
+    mysql_store other(o);
+    try {
+      other.migrate();
+      ADD_FAILURE() << what << ": migrate accepted another shard map";
+    } catch (const config_error& e) {
+      EXPECT_NE(std::string(e.what()).find("records itself as shard"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("Nothing was changed"), std::string::npos) << e.what();
+    }
+    manager mo(other);
+    for (std::size_t shard = 0; shard < other.shard_count(); ++shard) {
+      const int before = rpcs;
+      try {
+        (void)pay(mo, key_on(other, shard, "other-"), rpcs);
+        ADD_FAILURE() << what << ": shard " << shard << " served a store of another map";
+      } catch (const error& e) {
+        EXPECT_TRUE(e.retryable()) << e.what();
+        EXPECT_NE(std::string(e.what()).find("records itself as shard"), std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(rpcs, before) << what << ": the RPC ran";
+      EXPECT_EQ(records_in(dbs), 2) << what << ": a record was written";
+    }
+  }
+  // The store of the recorded map goes on.
+  EXPECT_EQ(pay(m, key_on(first, 0, "after-"), rpcs).status, 201);
+  EXPECT_EQ(records_in(dbs), 3);
+}
+
+// Each shard checked alone is not enough: two processes given [x, y] and
+// [y, x] that each migrated only their first shard (migrate_shard, or a
+// migrate that failed half-way and was ignored) both find it "shard 0 of 2",
+// and would serve one key on x and on y. The first check of a store reads
+// every shard that answers.
+TEST(Sharding, TwoStoresThatEachRecordedOnlyTheirFirstShardServeNeither) {
+  scratch_databases dbs("orpheus_half_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store xy(dbs.map({0, 1}));
+  mysql_store yx(dbs.map({1, 0}));
+  xy.migrate_shard(0);
+  yx.migrate_shard(0);
+  EXPECT_THROW(xy.migrate_shard(1), config_error);
+  EXPECT_THROW(yx.migrate_shard(1), config_error);
+  int rpcs = 0;
+  for (store* s : {static_cast<store*>(&xy), static_cast<store*>(&yx)}) {
+    manager m(*s);
+    try {
+      (void)pay(m, key_on(*s, 0, "half-"), rpcs);
+      ADD_FAILURE() << "a store served its shard 0 while its shard 1 records another map";
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("shard 1 of this store's 2 records itself as shard 0 "
+                                           "of 2"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(rpcs, 0);
+  EXPECT_EQ(records_in(dbs), 0);
+}
+
+// A planned change of the map: adopt_shard_map() records the new one; a
+// server of the old map still running refuses at its next check of the
+// recorded map (every request here: recheck interval 0).
+TEST(Sharding, AnAdoptedMapIsRecordedAndAStoreOfTheOldOneRefusesAtItsNextCheck) {
+  using namespace std::chrono_literals;
+  scratch_databases dbs("orpheus_adopt_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store old_map(dbs.map({0, 1}));
+  old_map.migrate();
+  old_map.recheck_shard_map_every(0ms);
+  manager before(old_map);
+  int rpcs = 0;
+  EXPECT_EQ(pay(before, key_on(old_map, 0, "old-"), rpcs).status, 201);
+
+  mysql_store new_map(dbs.map({1, 0}));
+  EXPECT_THROW(new_map.migrate(), config_error);
+  new_map.adopt_shard_map();
+  EXPECT_NO_THROW(new_map.migrate()) << "the adopted map is the recorded one";
+  manager after(new_map);
+  EXPECT_EQ(pay(after, key_on(new_map, 0, "new-"), rpcs).status, 201);
+  EXPECT_EQ(pay(after, key_on(new_map, 1, "new-"), rpcs).status, 201);
+  EXPECT_EQ(rpcs, 3);
+
+  for (std::size_t shard = 0; shard < 2; ++shard) {
+    EXPECT_THROW((void)pay(before, key_on(old_map, shard, "late-"), rpcs), storage_error)
+        << "shard " << shard;
+  }
+  EXPECT_EQ(rpcs, 3) << "a server of the old map ran an RPC";
+  EXPECT_EQ(records_in(dbs), 3);
+  EXPECT_THROW(old_map.migrate(), config_error);
+  EXPECT_THROW(old_map.recheck_shard_map_every(-1ms), config_error);
+  EXPECT_THROW(old_map.recheck_shard_map_every(25h), config_error);
+}
+
+TEST(Sharding, OneDatabaseListedAsTwoShardsIsAConfigurationError) {
+  const auto urls = test::mysql_urls();
+  ASSERT_FALSE(urls.empty());
+  mysql_options o;
+  o.shards = {parse_mysql_url(urls[0]), parse_mysql_url(urls[0])};
+  try {
+    mysql_store s(o);
+    ADD_FAILURE() << "a database listed twice was accepted";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("listed twice"), std::string::npos) << e.what();
+  }
+  // The same as a fail-over node of another shard.
+  o.shards = {parse_mysql_url(urls[0]), parse_mysql_url("mysql://u:p@10.9.9.9:1/d")};
+  o.shards[1].failover = {{o.shards[0].host, o.shards[0].port}};
+  o.shards[1].database = o.shards[0].database;
+  EXPECT_THROW(mysql_store{o}, config_error);
 }
 
 }  // namespace

@@ -54,6 +54,55 @@ void join_within(std::chrono::seconds guard, Futures&... futures) {
 
 // Issue 7.3: with one connection, a throwing Post-RPC made the thread ask the
 // pool for a second connection while it held the first: the process hung.
+// The recorded shard map is the core's check (docs/sharding.md); a SQLite
+// file is one shard, 0 of 1. A file whose row says otherwise (a copy of a
+// shard of a sharded map, or edited) is refused before anything is written,
+// and migrate() says so; a file without the row asks for migrate.
+TEST(SqliteStore, AFileThatRecordsAnotherShardMapIsRefused) {
+  auto s = test::make_store("sqlite");
+  ASSERT_TRUE(s);
+  s->recheck_shard_map_every(0ms);
+  manager m(*s);
+  int rpcs = 0;
+  const auto pay = [&](const std::string& key) {
+    return m.process(
+        request_id{"map", key, fingerprint_of("x")}, [](tx&) { return 1; },
+        [&](const attempt&, int) {
+          ++rpcs;
+          return std::string("charged");
+        },
+        [](tx&, const attempt&, const std::string& v) {
+          return response{201, {}, v};
+        });
+  };
+  const auto set_map = [&](const std::string& sql) {
+    auto t = s->begin_on_shard(0);
+    t->execute(sql);
+    t->commit();
+  };
+  EXPECT_EQ(pay("before").status, 201);
+  set_map("UPDATE orpheus_shard_map SET shard_index = 1, shard_count = 2");
+  for (const char* expected : {"records itself as shard 1 of 2", "records no shard map"}) {
+    try {
+      (void)pay("refused");
+      ADD_FAILURE() << "served: " << expected;
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(rpcs, 1);
+    auto t = s->begin_on_shard(0);  // not inspect(): it is refused too
+    EXPECT_EQ(t->query("SELECT COUNT(*) FROM orpheus_records")[0].get<std::int64_t>(0), 1);
+    t->commit();
+    if (std::string(expected) == "records no shard map") break;
+    EXPECT_THROW(s->migrate(), config_error);
+    set_map("DELETE FROM orpheus_shard_map");
+  }
+  s->migrate();  // records the map again: 0 of 1
+  EXPECT_EQ(pay("after").status, 201);
+  EXPECT_EQ(rpcs, 2);
+}
+
 TEST(SqliteStore, AThrowingPostRpcDoesNotHangAPoolOfOne) {
   sqlite_store s({.path = fresh_path(),
                   .busy_timeout = std::chrono::milliseconds(2000),

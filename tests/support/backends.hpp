@@ -43,8 +43,38 @@ inline std::vector<std::string> mysql_urls() {
   return out;
 }
 
-/// A store of the named kind: "sqlite" (a fresh file) or "mysql" (the first
-/// test server, or the first `shards` servers). Migrated, ready to use.
+#if ORPHEUS_TEST_WITH_MYSQL
+/// The shard URLs of an n-shard map on the test servers (the first n of
+/// ORPHEUS_TEST_MYSQL). Each database records the map it belongs to
+/// (docs/sharding.md) and refuses another, so a map of n > 1 shards has
+/// databases of its own, created here when missing: the first server's
+/// database is shard 0 of 1 to every one-shard test.
+inline std::vector<std::string> mysql_map_urls(std::size_t n) {
+  const auto urls = mysql_urls();
+  if (urls.size() < n) {
+    ADD_FAILURE() << "ORPHEUS_TEST_MYSQL must list at least " << n
+                  << " MariaDB URL(s); run the suite with scripts/test";
+    return {};
+  }
+  std::vector<std::string> out(urls.begin(), urls.begin() + static_cast<std::ptrdiff_t>(n));
+  if (n == 1) return out;
+  for (auto& url : out) {
+    mysql_options o;
+    o.shards.push_back(parse_mysql_url(url));
+    const std::string database = o.shards[0].database + "_of" + std::to_string(n);
+    mysql_store server(o);
+    auto t = server.begin_on_shard(0);
+    t->execute("CREATE DATABASE IF NOT EXISTS " + database);
+    t->commit();
+    url = url.substr(0, url.rfind('/') + 1) + database;
+  }
+  return out;
+}
+#endif
+
+/// A store of the named kind: "sqlite" (a fresh file) or "mysql" (a
+/// `shards`-shard map on the test servers: mysql_map_urls()). Migrated,
+/// ready to use.
 inline std::unique_ptr<store> make_store(const std::string& kind, std::size_t shards = 1) {
   if (kind == "sqlite") {
     auto dir = std::filesystem::temp_directory_path() / ("orpheus-test-" + random_hex());
@@ -54,14 +84,10 @@ inline std::unique_ptr<store> make_store(const std::string& kind, std::size_t sh
     return s;
   }
 #if ORPHEUS_TEST_WITH_MYSQL
-  const auto urls = mysql_urls();
-  if (urls.size() < shards) {
-    ADD_FAILURE() << "ORPHEUS_TEST_MYSQL must list at least " << shards
-                  << " MariaDB URL(s); run the suite with scripts/test";
-    return nullptr;
-  }
+  const auto urls = mysql_map_urls(shards);
+  if (urls.empty()) return nullptr;
   mysql_options o;
-  for (std::size_t i = 0; i < shards; ++i) o.shards.push_back(parse_mysql_url(urls[i]));
+  for (const auto& url : urls) o.shards.push_back(parse_mysql_url(url));
   auto s = std::make_unique<mysql_store>(o);
   s->migrate();
   return s;

@@ -68,7 +68,13 @@ Commands
                         failed otherwise
   purge [--batch N]     delete expired records and their history (never a
                         parked one), N rows per statement (default 1000)
-  migrate               apply the schema migrations this version ships
+  migrate               apply the schema migrations this version ships, and
+                        record the --store shard map in each shard (refused,
+                        nothing changed, when a shard records another map)
+  adopt-shard-map       migrate, and record the --store shard map in each
+                        shard in place of the one recorded: only for a
+                        planned change of the map, after every server of the
+                        old map has stopped (docs/sharding.md)
 
 Exit codes
   0  done
@@ -351,8 +357,9 @@ void need_positionals(const arguments& args, std::size_t n, const char* what) {
 int run(const arguments& args) {
   if (args.positional.empty()) throw usage_failure("no command");
   const std::string& command = args.positional[0];
-  static const std::vector<std::string> commands = {"show",   "list",    "stats", "requeue",
-                                                    "cancel", "resolve", "purge", "migrate"};
+  static const std::vector<std::string> commands = {"show",    "list",    "stats",
+                                                    "requeue", "cancel",  "resolve",
+                                                    "purge",   "migrate", "adopt-shard-map"};
   if (std::find(commands.begin(), commands.end(), command) == commands.end()) {
     throw usage_failure("unknown command '" + command + "'");
   }
@@ -370,7 +377,8 @@ int run(const arguments& args) {
   if (command == "requeue") need_positionals(args, 2, "requeue SCOPE KEY --note TEXT");
   if (command == "cancel") need_positionals(args, 2, "cancel SCOPE KEY --note TEXT");
   if (command == "resolve") need_positionals(args, 2, "resolve SCOPE KEY --status N --note TEXT");
-  if (command == "list" || command == "stats" || command == "purge" || command == "migrate") {
+  const bool migrating = command == "migrate" || command == "adopt-shard-map";
+  if (command == "list" || command == "stats" || command == "purge" || migrating) {
     need_positionals(args, 0, (command + (command == "list" ? " --state S" : "")).c_str());
   }
   std::optional<orpheus::record_state> state;
@@ -404,16 +412,22 @@ int run(const arguments& args) {
         orpheus::request_id{args.positional[1], args.positional[2], orpheus::fingerprint_of("")});
   }
 
-  auto store = open_store(store_parts(args), command == "migrate");
-  if (command == "migrate") {
-    store->migrate();
+  auto store = open_store(store_parts(args), migrating);
+  if (migrating) {
+    if (command == "migrate") {
+      store->migrate();
+    } else {
+      store->adopt_shard_map();
+    }
     json versions = json::array();
     for (std::size_t s = 0; s < store->shard_count(); ++s)
       versions.push_back(store->schema_version(s));
     if (args.json) {
-      std::cout << dump({{"schema_version", versions}}) << "\n";
+      std::cout << dump({{"schema_version", versions}, {"shard_count", store->shard_count()}})
+                << "\n";
     } else {
-      std::cout << "schema version per shard: " << versions.dump() << "\n";
+      std::cout << "schema version per shard: " << versions.dump() << "\n"
+                << "shard map recorded: " << store->shard_count() << " shard(s), in this order\n";
     }
     return ok;
   }
@@ -532,7 +546,8 @@ int main(int argc, char** argv) {
   } catch (const orpheus::error& e) {
     // migrate and purge commit as they go: a failure may leave part done.
     const std::string command = args && !args->positional.empty() ? args->positional[0] : "";
-    const bool stepwise = command == "migrate" || command == "purge";
+    const bool stepwise =
+        command == "migrate" || command == "adopt-shard-map" || command == "purge";
     const char* advice = e.in_doubt()    ? " (in doubt: the change may or may not have been "
                                            "made; `orpheusctl show` tells)"
                          : stepwise      ? " (part of it may be done; see docs/operations.md "

@@ -57,6 +57,12 @@ struct record_sql {
   std::string count_tables;
   std::string max_version;
   std::string add_version;
+  /// The shard map a shard's database belongs to (migration 006): read
+  /// (shard_index, shard_count), write it (index, count) where there is none,
+  /// replace it (index, count).
+  std::string read_shard_map;
+  std::string record_shard_map;
+  std::string replace_shard_map;
 };
 
 /// The library's side of a transaction on one shard: the record's writes

@@ -263,6 +263,22 @@ void validate(const mysql_options& options) {
       }
     }
   }
+  // One database listed as two shards would hold the keys of both, and
+  // migrate() would find it recorded as the other (docs/sharding.md): a
+  // mistake in the list, refused here by name. (Another name for the same
+  // server is caught by the recorded shard map.)
+  std::vector<std::string> databases;
+  for (const auto& s : options.shards) {
+    databases.push_back(s.host + ":" + std::to_string(s.port) + "/" + s.database);
+    for (const auto& h : s.failover) {
+      databases.push_back(h.host + ":" + std::to_string(h.port) + "/" + s.database);
+    }
+  }
+  std::sort(databases.begin(), databases.end());
+  if (const auto twice = std::adjacent_find(databases.begin(), databases.end());
+      twice != databases.end()) {
+    throw config_error("mysql_store: the database " + *twice + " is listed twice");
+  }
   // One year: beyond it a timeout is a mistake, and every value then fits the
   // int the connector and the server variables take.
   constexpr std::chrono::seconds year{365 * 24 * 3600};
