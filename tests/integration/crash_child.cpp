@@ -3,13 +3,18 @@
 // retry. The "bank" is a ledger file of downstream keys (one line per charge),
 // which deduplicates like a real gateway would when asked first.
 //
-//   crash_child STORE SCOPE KEY LEDGER CRASH_AT [steps]
+//   crash_child STORE SCOPE KEY LEDGER CRASH_AT [steps | declined]
 //     STORE     sqlite:PATH or mysql://u:p@host:port/db
 //     CRASH_AT  none | before_charge | after_charge | in_post | after_commit
 //     with `steps`, a request of three steps (authorise, capture: the pivot,
 //     notify; orpheus/steps.hpp) whose ledger lines are "OP KEY", and every
 //     call is also logged to LEDGER.calls as "OP ATTEMPT":
 //     CRASH_AT  none | before_X | after_X (X each step) | after_commit
+//     with `declined`, the same steps, but the capture is declined for good
+//     on every call, so the request turns back: the authorisation is voided
+//     (its compensation asks the ledger first, like the steps), and the
+//     decline recorded.
+//     CRASH_AT  none | before_void | after_void
 // Prints "AT <point>" when it reaches the crash point, then sleeps until
 // killed. Without a crash it prints "STATUS <n> REPLAYED <0|1> RETRY <0|1>"
 // and exits 0, or "ERROR <code> RETRYABLE <0|1> AFTER_MS <n>" and exits 3.
@@ -56,11 +61,13 @@ void ledger_charge(const std::string& ledger, const std::string& key) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6 && !(argc == 7 && std::string(argv[6]) == "steps")) {
-    std::cerr << "usage: crash_child STORE SCOPE KEY LEDGER CRASH_AT [steps]\n";
+  const std::string flow_kind = argc == 7 ? argv[6] : "";
+  if (argc != 6 && !(argc == 7 && (flow_kind == "steps" || flow_kind == "declined"))) {
+    std::cerr << "usage: crash_child STORE SCOPE KEY LEDGER CRASH_AT [steps | declined]\n";
     return 2;
   }
   const bool with_steps = argc == 7;
+  const bool declined = flow_kind == "declined";
   const std::string store_arg = argv[1];
   const orpheus::request_id id{argv[2], argv[3], orpheus::fingerprint_of("amount=100")};
   const std::string ledger = argv[4];
@@ -98,6 +105,9 @@ int main(int argc, char** argv) {
           was_retry = a.is_retry();
           ledger_charge(ledger + ".calls", op + " " + std::to_string(a.number()));
           reach("before_" + op, crash_at);
+          if (declined && op == "capture") {
+            throw orpheus::non_retryable_error("card_declined", "the capture was declined", 402);
+          }
           const std::string line = op + " " + a.downstream_key(op);
           if (!ledger_has(ledger, line)) ledger_charge(ledger, line);
           reach("after_" + op, crash_at);
@@ -107,6 +117,15 @@ int main(int argc, char** argv) {
         [&, op](orpheus::tx& t, const orpheus::attempt&, const std::string&, const std::string&) {
           t.execute("UPDATE crash_payments SET result = ? WHERE id = ?", op, pid);
         });
+    if (op == "authorise") {
+      s.compensate([&](const orpheus::attempt& a, const std::string&, const std::string&) {
+        ledger_charge(ledger + ".calls", "void " + std::to_string(a.number()));
+        reach("before_void", crash_at);
+        const std::string line = "void " + a.downstream_key("void");
+        if (!ledger_has(ledger, line)) ledger_charge(ledger, line);
+        reach("after_void", crash_at);
+      });
+    }
     if (op == "capture") s.pivot();
   }
   flow.respond([](orpheus::tx&, const orpheus::attempt&, const std::string&,

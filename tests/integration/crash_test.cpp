@@ -16,11 +16,16 @@ namespace {
 struct crash_case {
   std::string backend;
   std::string point;
-  bool steps = false;  ///< the three-step request of crash_child
+  bool steps = false;     ///< the three-step request of crash_child
+  bool declined = false;  ///< ... whose capture is declined: it turns back
 };
 
 std::string case_name(const testing::TestParamInfo<crash_case>& p) {
-  return p.param.backend + (p.param.steps ? "_steps_" : "_") + p.param.point;
+  return p.param.backend +
+         (p.param.declined ? "_declined_"
+          : p.param.steps  ? "_steps_"
+                           : "_") +
+         p.param.point;
 }
 
 class Crash : public testing::TestWithParam<crash_case> {
@@ -47,7 +52,7 @@ class Crash : public testing::TestWithParam<crash_case> {
                                     "key-1",
                                     ledger_,
                                     crash_at};
-    if (GetParam().steps) out.emplace_back("steps");
+    if (GetParam().steps) out.emplace_back(GetParam().declined ? "declined" : "steps");
     return out;
   }
 
@@ -90,6 +95,29 @@ class Crash : public testing::TestWithParam<crash_case> {
 
 TEST_P(Crash, KilledProcessIsRetriedToExactlyOneCharge) {
   const std::string point = GetParam().point;
+  if (GetParam().declined) {
+    // docs/steps.md: the way back is recorded before the compensations
+    // start, so a crash during one resumes the compensations, never the
+    // steps. The capture is declined once, the authorisation voided once,
+    // and the decline recorded and replayed.
+    const std::string final_line = crash_then_retry(point);
+    ASSERT_FALSE(final_line.empty()) << "the retry never got an answer";
+    EXPECT_EQ(final_line.rfind("STATUS 402 REPLAYED 0", 0), 0U) << final_line;
+    const std::string calls = ledger_ + ".calls";
+    EXPECT_EQ(lines_of(calls, "authorise "), 1) << "a step ran again on the way back";
+    EXPECT_EQ(lines_of(calls, "capture "), 1) << "a step ran again on the way back";
+    EXPECT_EQ(lines_of(calls, "notify "), 0);
+    EXPECT_EQ(lines_of(calls, "void "), 2) << "the void was not resumed after the crash";
+    EXPECT_EQ(lines_of(ledger_, "authorise "), 1);
+    EXPECT_EQ(lines_of(ledger_, "void "), 1) << "voided " << lines_of(ledger_, "void ") << " times";
+    EXPECT_EQ(charges(), 2);
+    test::child_process again(args("none"));
+    EXPECT_EQ(again.read_line(std::chrono::seconds(30)).value_or(""),
+              "STATUS 402 REPLAYED 1 RETRY 0");
+    EXPECT_EQ(again.wait(), 0);
+    EXPECT_EQ(lines_of(calls, "void "), 2) << "a replay called the bank";
+    return;
+  }
   if (GetParam().steps) {
     // A crash between any two steps (or inside one) resumes at the right
     // step: every operation reaches the bank once, and no step that
@@ -175,6 +203,7 @@ std::vector<crash_case> all_cases() {
                           "before_notify", "after_notify", "after_commit"}) {
       out.push_back({b, p, true});
     }
+    for (const char* p : {"before_void", "after_void"}) out.push_back({b, p, true, true});
   }
   return out;
 }
