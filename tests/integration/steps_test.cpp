@@ -468,6 +468,43 @@ TEST_P(Steps, CancelBeforeThePivotCompensatesAndAfterItIsRefused) {
   EXPECT_FALSE(ops.cancel(scope_, "single", "no").ok());
 }
 
+// docs/steps.md: a cancelled request of a registered handler is sent
+// backwards by its next attempt, a completer's too: the client need not
+// come back.
+TEST_P(Steps, TheCompleterFinishesACancelledRequest) {
+  config cfg = quick();
+  cfg.max_attempts = 2;
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  fake_bank bank;
+  bank.fault = [&](const std::string& op, const attempt&) -> std::optional<error_info> {
+    if (op == "reserve") return unavailable_now();
+    return std::nullopt;
+  };
+  const std::string handler = "cancel-" + scope_.substr(6);
+  m.register_handler(
+      handler, 1, flow_of(bank, {"authorise", "reserve", "capture"}, 2, {"authorise", "reserve"}));
+  const auto rid = id("k1");
+  const auto pre = [&](tx&) { return order{scope_ + "/o1", 5}; };
+  for (int i = 0; i < 3; ++i) EXPECT_THROW(m.process(handler, rid, pre), error);
+  ASSERT_EQ(store_->inspect(rid)->state, record_state::parked);
+  ASSERT_TRUE(ops.cancel(scope_, "k1", "customer asked").ok());
+  std::this_thread::sleep_for(20ms);  // past the backoff (1-2 ms)
+  completer c(m);
+  c.run_once();
+  const auto rec = store_->inspect(rid);
+  ASSERT_EQ(rec->state, record_state::failed);
+  EXPECT_EQ(rec->recorded.status, 409);
+  EXPECT_NE(rec->recorded.body.find(codes::request_cancelled), std::string::npos);
+  EXPECT_EQ(bank.effects["undo_authorise"], 1);
+  EXPECT_EQ(bank.effects["undo_reserve"], 0) << "reserve never finished";
+  EXPECT_EQ(bank.effects["capture"], 0);
+  const auto replay = m.process(handler, rid, pre);
+  EXPECT_TRUE(replay.replayed);
+  EXPECT_EQ(replay.status, 409);
+  EXPECT_EQ(bank.effects["undo_authorise"], 1);
+}
+
 TEST_P(Steps, AKeptStepRefNamesItsOwnStepAndExceptionsFollowTheManagersPolicy) {
   config cfg = quick();
   cfg.unclassified = unclassified_policy::retryable;
