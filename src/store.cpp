@@ -11,6 +11,7 @@
 
 #include "orpheus/detail/record_row.hpp"
 #include "orpheus/detail/records.hpp"
+#include "orpheus/log.hpp"
 #include "orpheus/shard_map.hpp"
 #include "sql_guard.hpp"
 
@@ -37,6 +38,18 @@ std::optional<shard_place> place_in(const sql_rows& rows) {
 
 std::string describe(const shard_place& p) {
   return "shard " + std::to_string(p.index) + " of " + std::to_string(p.count);
+}
+
+/// What migrate() says of a shard whose database records another place.
+config_error another_map(std::size_t shard, std::size_t count, const shard_place& recorded) {
+  return config_error(
+      "store: the database of shard " + std::to_string(shard) + " of this store's " +
+      std::to_string(count) + " records itself as " + describe(recorded) +
+      ": another process migrated it with other shards, or the same ones in another order. "
+      "Two processes whose shard maps differ run a retry of one key as a new request on "
+      "another shard (a second charge). Nothing was changed. Give this process the shards "
+      "the others have, in their order; for a planned change of the map, see "
+      "docs/sharding.md (store::adopt_shard_map(), orpheusctl adopt-shard-map)");
 }
 
 std::int64_t steady_ns() {
@@ -152,13 +165,36 @@ std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
 }
 
 void store::migrate() {
+  read_every_place(false);
   for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s, false);
 }
 
 void store::migrate_shard(std::size_t shard) { migrate_shard(shard, false); }
 
 void store::adopt_shard_map() {
+  read_every_place(true);
   for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s, true);
+}
+
+void store::read_every_place(bool adopt) {
+  // Before anything is written (found in review: a migrate refused at its
+  // second shard had already recorded its map on the first, and said
+  // "nothing was changed"; an adopt with a shard down left two shards
+  // claiming one place).
+  const sql_value map_table[] = {std::string("orpheus_shard_map")};
+  for (std::size_t s = 0; s < shard_count(); ++s) {
+    std::optional<shard_place> recorded;
+    try {
+      if (first_int(backend_->read(s, sql_->count_tables, map_table)) != 0) {
+        recorded = place_in(backend_->read(s, sql_->read_shard_map, {}));
+      }
+    } catch (const storage_error&) {
+      if (adopt) throw;  // every shard of the new map answers, or none is written
+      continue;          // its migrate_shard() below fails too, and says why
+    }
+    const shard_place mine{static_cast<std::int64_t>(s), static_cast<std::int64_t>(shard_count())};
+    if (!adopt && recorded && *recorded != mine) throw another_map(s, shard_count(), *recorded);
+  }
 }
 
 void store::recheck_shard_map_every(std::chrono::milliseconds every) {
@@ -185,16 +221,8 @@ void store::migrate_shard(std::size_t shard, bool adopt_map) {
     if (first_int(t.query_values(sql_->count_tables, map_table)) != 0) {
       recorded = place_in(t.query(sql_->read_shard_map));
     }
-    if (recorded && *recorded != mine && !adopt_map) {
-      throw config_error(
-          "store: the database of shard " + std::to_string(shard) + " of this store's " +
-          std::to_string(shard_count()) + " records itself as " + describe(*recorded) +
-          ": another process migrated it with other shards, or the same ones in another order. "
-          "Two processes whose shard maps differ run a retry of one key as a new request on "
-          "another shard (a second charge). Nothing was changed. Give this process the shards "
-          "the others have, in their order; for a planned change of the map, see "
-          "docs/sharding.md (store::adopt_shard_map(), orpheusctl adopt-shard-map)");
-    }
+    if (recorded && *recorded != mine && !adopt_map)
+      throw another_map(shard, shard_count(), *recorded);
     const std::int64_t current = first_int(t.query(sql_->max_version));
     // Each file is recorded as soon as it is applied: where DDL is not
     // transactional (MySQL), a failed run resumes at the file that failed.
@@ -235,31 +263,63 @@ storage_error map_refusal(std::size_t shard, std::size_t count,
 
 }  // namespace
 
-void store::check_recorded_map(std::size_t shard) {
+void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
+  if (!whole_map_agreed_.load(std::memory_order_acquire)) check_whole_map(shard, now_ns);
   const auto count = static_cast<std::int64_t>(shard_count());
-  if (!map_seen_whole_.load(std::memory_order_acquire)) {
-    // Once per store: every other shard that answers agrees too. Each
-    // shard checked alone is not enough: two processes given [x, y] and
-    // [y, x] that each migrated only their first shard would both find it
-    // "shard 0 of 2", and serve the same key on x and on y.
-    for (std::size_t other = 0; other < shard_count(); ++other) {
-      if (other == shard) continue;
-      std::optional<shard_place> recorded;
-      try {
-        recorded = place_in(backend_->read(other, sql_->read_shard_map, {}));
-      } catch (const storage_error&) {
-        continue;  // down, or not migrated: its own requests will check it
-      }
-      if (recorded && *recorded != shard_place{static_cast<std::int64_t>(other), count}) {
-        throw map_refusal(other, shard_count(), recorded, true);
-      }
-    }
-  }
   const auto recorded = place_in(backend_->read(shard, sql_->read_shard_map, {}));
   if (!recorded || *recorded != shard_place{static_cast<std::int64_t>(shard), count}) {
     throw map_refusal(shard, shard_count(), recorded, false);
   }
-  map_seen_whole_.store(true, std::memory_order_release);
+}
+
+void store::check_whole_map(std::size_t shard, std::int64_t now_ns) {
+  // Each shard checked alone is not enough: two processes given [x, y] and
+  // [y, x] that each migrated only their first shard would both find it
+  // "shard 0 of 2", and serve one key on x and on y. So the other shards
+  // are read too, once per recheck interval by one request (the others go
+  // on with the last verdict), until every one has answered and agreed
+  // (found in review: a shard down at the first check was never read
+  // again). Until a first check has finished, every request makes it.
+  std::int64_t due = whole_map_due_ns_.load(std::memory_order_acquire);
+  const bool my_turn =
+      now_ns >= due && whole_map_due_ns_.compare_exchange_strong(
+                           due, now_ns + map_recheck_ns_.load(std::memory_order_relaxed));
+  if (!my_turn && whole_map_checked_.load(std::memory_order_acquire)) {
+    if (whole_map_conflict_.load(std::memory_order_acquire)) {
+      const std::lock_guard lock(whole_map_mutex_);
+      throw storage_error::transient(whole_map_conflict_text_);
+    }
+    return;
+  }
+  const auto count = static_cast<std::int64_t>(shard_count());
+  bool every_one_agreed = true;
+  std::optional<storage_error> conflict;
+  for (std::size_t other = 0; other < shard_count() && !conflict; ++other) {
+    if (other == shard) continue;
+    std::optional<shard_place> recorded;
+    try {
+      recorded = place_in(backend_->read(other, sql_->read_shard_map, {}));
+    } catch (const storage_error&) {
+      every_one_agreed = false;  // down, or not migrated: read again next time
+      continue;
+    }
+    if (!recorded) {
+      every_one_agreed = false;
+    } else if (*recorded != shard_place{static_cast<std::int64_t>(other), count}) {
+      conflict = map_refusal(other, shard_count(), recorded, true);
+    }
+  }
+  if (conflict) {
+    const std::lock_guard lock(whole_map_mutex_);
+    whole_map_conflict_text_ = conflict->info().internal;
+  }
+  whole_map_conflict_.store(conflict.has_value(), std::memory_order_release);
+  whole_map_checked_.store(true, std::memory_order_release);
+  if (conflict) {
+    log(log_level::error, conflict->what());
+    throw *conflict;
+  }
+  if (every_one_agreed) whole_map_agreed_.store(true, std::memory_order_release);
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {
@@ -271,7 +331,7 @@ store_backend& store::backend_for_records(std::size_t shard) {
     check_schema_version(shard);
     checked.schema_current.store(true, std::memory_order_release);
   }
-  check_recorded_map(shard);
+  check_recorded_map(shard, now);
   checked.map_checked_until_ns.store(now + map_recheck_ns_.load(std::memory_order_relaxed),
                                      std::memory_order_release);
   return *backend_;

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -137,12 +138,13 @@ class store {
   /// Applies the schema migrations this library version ships that a
   /// shard's schema version table does not list yet, on every shard, and
   /// records this store's shard map in each shard's database: shard i of
-  /// shard_count() (orpheus_shard_map, docs/sharding.md). A shard whose
-  /// database already records another map (it was migrated by a process
-  /// given other shards, or the same ones in another order) is refused with
-  /// config_error before anything on it changes: two processes that route a
-  /// key to different shards each run a retry of it as a new request. A
-  /// planned change of the map goes through adopt_shard_map().
+  /// shard_count() (orpheus_shard_map, docs/sharding.md). Every shard's
+  /// recorded place is read first: when one that answers records another
+  /// (it was migrated by a process given other shards, or the same ones in
+  /// another order), this throws config_error and nothing is written on
+  /// any shard. Two processes that route a key to different shards each run
+  /// a retry of it as a new request. A planned change of the map goes
+  /// through adopt_shard_map().
   void migrate();
   /// The same on one shard: a service may start with the shards that answer
   /// and migrate the others when they come back (until then the record
@@ -151,10 +153,11 @@ class store {
   /// migrate(), but a shard that records another map is given this store's:
   /// for a planned change of the shard map only, once every server of the
   /// old map has stopped and the keys that move are dealt with
-  /// (docs/sharding.md, "Resharding"). A server still running with the old
-  /// map refuses every request within the recheck interval
-  /// (recheck_shard_map_every()); what it ran before then, it ran on its
-  /// old map.
+  /// (docs/sharding.md, "Resharding"). Every shard must answer first, or
+  /// nothing is written. A server still running with the old map refuses
+  /// requests within the recheck interval (recheck_shard_map_every()) on
+  /// each shard recorded anew, not on one the new map leaves out; what it
+  /// ran before then, it ran on its old map.
   void adopt_shard_map();
   /// How often a shard's recorded map is read again once it was found to
   /// agree (10 s unless set): one read per shard per interval, on the
@@ -176,12 +179,14 @@ class store {
   ///   this store's life: a schema only moves forward). If it is older than
   ///   required_schema_version() (a binary deployed before `migrate`), the
   ///   record statements would name columns the schema lacks;
-  /// - its recorded shard map (see migrate()), again each recheck interval
-  ///   (recheck_shard_map_every()); and, until one such check passes, the
-  ///   map recorded by every other shard that answers (a shard that does
-  ///   not answer costs that first check one failed read). A shard that
-  ///   records no map, or another one, would let a key's retry run on a
-  ///   shard where another process does not look.
+  /// - its recorded place in the shard map (see migrate()), again each
+  ///   recheck interval (recheck_shard_map_every()); and the places of
+  ///   the other shards, once per interval by one request, until every one
+  ///   has answered and agreed (until a first such reading has finished,
+  ///   every request makes it; a shard that does not answer costs it one
+  ///   failed read). A shard that records no place, or another one, would
+  ///   let a key's retry run on a shard where another process does not
+  ///   look; another shard that records another place refuses them all.
   /// Either way this throws a retryable storage_error (storage_unavailable)
   /// that says what differs, and keeps refusing until it is fixed: nothing
   /// is written. A read that fails throws as read() does.
@@ -196,7 +201,12 @@ class store {
   /// Each throws a retryable storage_error unless `shard`'s database has
   /// the schema version this library needs, or records this store's map.
   void check_schema_version(std::size_t shard);
-  void check_recorded_map(std::size_t shard);
+  void check_recorded_map(std::size_t shard, std::int64_t now_ns);
+  /// The other shards' recorded places, until they all agreed once.
+  void check_whole_map(std::size_t shard, std::int64_t now_ns);
+  /// Reads every shard's recorded place before migrate() or
+  /// adopt_shard_map() writes anything (see there).
+  void read_every_place(bool adopt);
 
   struct shard_check {
     std::atomic<bool> schema_current{false};            // found new enough
@@ -208,7 +218,14 @@ class store {
   int required_version_ = 0;
   std::unique_ptr<shard_check[]> checks_;  // one per shard
   std::atomic<std::int64_t> map_recheck_ns_{10'000'000'000};
-  std::atomic<bool> map_seen_whole_{false};  // every shard that answered agreed once
+  // The whole map (check_whole_map()): when a request reads it next, and
+  // what the last reading found.
+  std::atomic<std::int64_t> whole_map_due_ns_{0};
+  std::atomic<bool> whole_map_checked_{false};   // one reading finished
+  std::atomic<bool> whole_map_conflict_{false};  // ... and it found another map
+  std::atomic<bool> whole_map_agreed_{false};    // one found every shard agreeing
+  std::mutex whole_map_mutex_;                   // guards the text below
+  std::string whole_map_conflict_text_;          // what the last conflict said
 };
 
 }  // namespace orpheus

@@ -347,6 +347,62 @@ TEST(Sharding, TwoStoresThatEachRecordedOnlyTheirFirstShardServeNeither) {
   EXPECT_EQ(records_in(dbs), 0);
 }
 
+// Found in review: the first check of the other shards passed over one
+// that did not answer (here: not migrated yet) and was never made again, so
+// a store went on serving after that shard came to record another place.
+TEST(Sharding, AShardThatDidNotAnswerTheFirstCheckIsReadAgain) {
+  using namespace std::chrono_literals;
+  scratch_databases dbs("orpheus_late_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store xy(dbs.map({0, 1}));
+  xy.recheck_shard_map_every(0ms);
+  xy.migrate_shard(0);
+  manager m(xy);
+  int rpcs = 0;
+  EXPECT_EQ(pay(m, key_on(xy, 0, "early-"), rpcs).status, 201) << "y has no map yet: x serves";
+  mysql_store yx(dbs.map({1, 0}));
+  yx.migrate_shard(0);  // y: "shard 0 of 2", as x is
+  try {
+    (void)pay(m, key_on(xy, 0, "late-"), rpcs);
+    ADD_FAILURE() << "x served while y, its store's shard 1, records itself as shard 0";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shard 1 of this store's 2 records itself as shard 0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(rpcs, 1);
+}
+
+// Found in review: a migrate refused at its second shard had already
+// recorded its map on the first (and said "nothing was changed"), and the
+// store of the right map could then not be migrated.
+TEST(Sharding, ARefusedMigrateWritesNothingOnAnyShard) {
+  scratch_databases dbs("orpheus_refused_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store xy(dbs.map({0, 1}));
+  xy.migrate_shard(0);  // y is not migrated yet
+  mysql_store yx(dbs.map({1, 0}));
+  EXPECT_THROW(yx.migrate(), config_error);
+  {
+    auto t = dbs.servers[1]->begin_on_shard(0);
+    EXPECT_EQ(t->query("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?",
+                       dbs.name)[0]
+                  .get<std::int64_t>(0),
+              0)
+        << "the refused migrate wrote on y";
+    t->commit();
+  }
+  EXPECT_NO_THROW(xy.migrate());
+  // An adopt needs every shard of the new map to answer before it writes.
+  mysql_options half = dbs.map({1});
+  half.shards.push_back(parse_mysql_url("mysql://u:p@127.0.0.1:1/nowhere"));
+  half.connect_timeout = std::chrono::seconds(2);
+  mysql_store unreachable(half);
+  EXPECT_THROW(unreachable.adopt_shard_map(), storage_error);
+  EXPECT_NO_THROW(xy.migrate()) << "the adopt that could not reach a shard wrote on another";
+}
+
 // A planned change of the map: adopt_shard_map() records the new one; a
 // server of the old map still running refuses at its next check of the
 // recorded map (every request here: recheck interval 0).

@@ -52,8 +52,6 @@ void join_within(std::chrono::seconds guard, Futures&... futures) {
   });
 }
 
-// Issue 7.3: with one connection, a throwing Post-RPC made the thread ask the
-// pool for a second connection while it held the first: the process hung.
 // The recorded shard map is the core's check (docs/sharding.md); a SQLite
 // file is one shard, 0 of 1. A file whose row says otherwise (a copy of a
 // shard of a sharded map, or edited) is refused before anything is written,
@@ -103,6 +101,8 @@ TEST(SqliteStore, AFileThatRecordsAnotherShardMapIsRefused) {
   EXPECT_EQ(rpcs, 2);
 }
 
+// Issue 7.3: with one connection, a throwing Post-RPC made the thread ask the
+// pool for a second connection while it held the first: the process hung.
 TEST(SqliteStore, AThrowingPostRpcDoesNotHangAPoolOfOne) {
   sqlite_store s({.path = fresh_path(),
                   .busy_timeout = std::chrono::milliseconds(2000),
