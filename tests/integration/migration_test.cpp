@@ -217,47 +217,6 @@ TEST_P(Migration, AStoreOlderThanTheLibraryRefusesRequestsAsRetryableAndWritesNo
   EXPECT_EQ(rpcs, 1);
 }
 
-// MySQL commits each DDL statement by itself, so a migrate that stops after
-// one and before its file's version row (a lost connection, a killed
-// process) leaves it applied but unrecorded. Found in review: the next run
-// failed on it ("Table already exists", "Duplicate column name") until
-// someone undid it by hand. Here every statement of the files after
-// version 1 ran (002 drops an index and adds one), and none was recorded.
-// (SQLite runs the whole migration in one transaction: it cannot stop
-// half-way.)
-TEST(MysqlMigration, ARunStoppedBeforeAFilesVersionRowIsResumed) {
-  const test::scratch_store db("mysql", std::filesystem::temp_directory_path(), "orpheus_resume_");
-  ASSERT_FALSE(db.url().empty());
-  mysql_options o;
-  o.shards = {parse_mysql_url(db.url())};
-  mysql_store s(o);
-  migrate_up_to(s, 1);
-  s.backend().exclusively(0, [&](tx& t) {
-    for (const auto& m : s.backend().migrations()) {
-      if (m.version <= 1) continue;
-      for (const auto& statement : detail::split_statements(m.sql)) t.execute(statement);
-    }
-  });
-  ASSERT_EQ(s.schema_version(0), 1);
-  s.migrate();
-  EXPECT_EQ(s.schema_version(0), s.required_schema_version());
-  manager m(s, config{});
-  const request_id rid{"shop", "after-resume", fingerprint_of("x")};
-  const auto r = m.process(
-      rid, [](tx&) { return 1; }, [](const attempt&, int) { return std::string("ch"); },
-      [](tx&, const attempt&, const std::string& v) {
-        return response{201, {}, v};
-      });
-  EXPECT_EQ(r.status, 201);
-  EXPECT_TRUE(m.process(
-                   rid, [](tx&) { return 1; },
-                   [](const attempt&, int) { return std::string("again"); },
-                   [](tx&, const attempt&, const std::string& v) {
-                     return response{201, {}, v};
-                   })
-                  .replayed);
-}
-
 INSTANTIATE_TEST_SUITE_P(Backends, Migration, testing::Values("sqlite", "mysql"),
                          test::backend_name);
 

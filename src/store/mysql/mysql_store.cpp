@@ -18,7 +18,6 @@
 #include "clock.hpp"
 #include "connection.hpp"
 #include "errors.hpp"
-#include "orpheus/log.hpp"
 #include "pool.hpp"
 
 namespace orpheus {
@@ -238,38 +237,12 @@ class migration_session final : public tx {
   std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
     if (!p.empty()) return run_update(c_, sql, p);
     std::unique_ptr<sql::Statement> st(c_.raw().createStatement());
-    try {
-      st->execute(sql::SQLString(std::string(sql)));
-    } catch (const sql::SQLException& e) {
-      // MySQL commits each DDL statement by itself: a run that stopped
-      // after one and before its file's version row (a lost connection, a
-      // killed process, a DDL longer than read_timeout, which the server
-      // finishes after the client gave up) meets it again. A table, column or index that
-      // exists already, or an index it drops that is gone, is that
-      // statement done (an ALTER is all or nothing), not a reason to stop
-      // every later run (found in review: the next run failed on it until
-      // someone undid it by hand).
-      const int code = e.getErrorCode();
-      if (code != table_exists && code != duplicate_column && code != duplicate_index &&
-          code != nothing_to_drop) {
-        throw;
-      }
-      log(log_level::warning, "mysql: shard " + std::to_string(shard_) +
-                                  ": a migration statement was applied by an earlier run that "
-                                  "stopped before recording its file; going on: " +
-                                  std::string(e.what()));
-      return 0;
-    }
+    st->execute(sql::SQLString(std::string(sql)));
     return static_cast<std::uint64_t>(st->getUpdateCount());
   }
   [[nodiscard]] std::size_t shard() const override { return shard_; }
 
  private:
-  static constexpr int table_exists = 1050;      // ER_TABLE_EXISTS_ERROR
-  static constexpr int duplicate_column = 1060;  // ER_DUP_FIELDNAME
-  static constexpr int duplicate_index = 1061;   // ER_DUP_KEYNAME
-  static constexpr int nothing_to_drop = 1091;   // ER_CANT_DROP_FIELD_OR_KEY
-
   connection& c_;
   std::size_t shard_;
 };
