@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,13 +42,16 @@ std::string describe(const shard_place& p) {
 }
 
 /// What migrate() says of a shard whose database records another place.
-config_error another_map(std::size_t shard, std::size_t count, const shard_place& recorded) {
+config_error another_map(std::size_t shard, std::size_t count, const shard_place& recorded,
+                         std::string_view unchanged) {
   return config_error(
       "store: the database of shard " + std::to_string(shard) + " of this store's " +
       std::to_string(count) + " records itself as " + describe(recorded) +
       ": another process migrated it with other shards, or the same ones in another order. "
       "Two processes whose shard maps differ run a retry of one key as a new request on "
-      "another shard (a second charge). Nothing was changed. Give this process the shards "
+      "another shard (a second charge). Nothing was changed" +
+      std::string(unchanged) +
+      ". Give this process the shards "
       "the others have, in their order; for a planned change of the map, see "
       "docs/sharding.md (store::adopt_shard_map(), orpheusctl adopt-shard-map)");
 }
@@ -169,7 +173,11 @@ void store::migrate() {
   for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s, false);
 }
 
-void store::migrate_shard(std::size_t shard) { migrate_shard(shard, false); }
+void store::migrate_shard(std::size_t shard) {
+  check_shard(shard);
+  read_every_place(false);  // the example server migrates shard by shard
+  migrate_shard(shard, false);
+}
 
 void store::adopt_shard_map() {
   read_every_place(true);
@@ -193,7 +201,9 @@ void store::read_every_place(bool adopt) {
       continue;          // its migrate_shard() below fails too, and says why
     }
     const shard_place mine{static_cast<std::int64_t>(s), static_cast<std::int64_t>(shard_count())};
-    if (!adopt && recorded && *recorded != mine) throw another_map(s, shard_count(), *recorded);
+    if (!adopt && recorded && *recorded != mine) {
+      throw another_map(s, shard_count(), *recorded, " on any shard");
+    }
   }
 }
 
@@ -202,9 +212,17 @@ void store::recheck_shard_map_every(std::chrono::milliseconds every) {
     throw config_error("store: the shard map recheck interval must be 0 to 24 hours");
   }
   map_recheck_ns_.store(std::chrono::nanoseconds(every).count(), std::memory_order_relaxed);
+  read_map_again();
+}
+
+void store::read_map_again() {
+  // Found in review: after an adopt in this process, the whole map's last
+  // verdict (a conflict, say) held until its old due time.
   for (std::size_t s = 0; s < shard_count(); ++s) {
-    checks_[s].map_checked_until_ns.store(0, std::memory_order_relaxed);
+    checks_[s].map_checked_until_ns.store(0, std::memory_order_release);
   }
+  whole_map_agreed_.store(false, std::memory_order_release);
+  whole_map_due_ns_.store(0, std::memory_order_release);
 }
 
 void store::migrate_shard(std::size_t shard, bool adopt_map) {
@@ -221,8 +239,9 @@ void store::migrate_shard(std::size_t shard, bool adopt_map) {
     if (first_int(t.query_values(sql_->count_tables, map_table)) != 0) {
       recorded = place_in(t.query(sql_->read_shard_map));
     }
-    if (recorded && *recorded != mine && !adopt_map)
-      throw another_map(shard, shard_count(), *recorded);
+    if (recorded && *recorded != mine && !adopt_map) {
+      throw another_map(shard, shard_count(), *recorded, " on this shard");
+    }
     const std::int64_t current = first_int(t.query(sql_->max_version));
     // Each file is recorded as soon as it is applied: where DDL is not
     // transactional (MySQL), a failed run resumes at the file that failed.
@@ -238,7 +257,7 @@ void store::migrate_shard(std::size_t shard, bool adopt_map) {
     }
   });
   // This process's own checks start again (an adopted map, a first one).
-  checks_[shard].map_checked_until_ns.store(0, std::memory_order_release);
+  read_map_again();
 }
 
 namespace {
@@ -264,7 +283,10 @@ storage_error map_refusal(std::size_t shard, std::size_t count,
 }  // namespace
 
 void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
-  if (!whole_map_agreed_.load(std::memory_order_acquire)) check_whole_map(shard, now_ns);
+  // One shard is the whole map.
+  if (shard_count() > 1 && !whole_map_agreed_.load(std::memory_order_acquire)) {
+    check_whole_map(now_ns);
+  }
   const auto count = static_cast<std::int64_t>(shard_count());
   const auto recorded = place_in(backend_->read(shard, sql_->read_shard_map, {}));
   if (!recorded || *recorded != shard_place{static_cast<std::int64_t>(shard), count}) {
@@ -272,18 +294,21 @@ void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
   }
 }
 
-void store::check_whole_map(std::size_t shard, std::int64_t now_ns) {
+void store::check_whole_map(std::int64_t now_ns) {
   // Each shard checked alone is not enough: two processes given [x, y] and
   // [y, x] that each migrated only their first shard would both find it
-  // "shard 0 of 2", and serve one key on x and on y. So the other shards
-  // are read too, once per recheck interval by one request (the others go
-  // on with the last verdict), until every one has answered and agreed
-  // (found in review: a shard down at the first check was never read
-  // again). Until a first check has finished, every request makes it.
+  // "shard 0 of 2", and serve one key on x and on y. So every shard's place
+  // is read, by one request per recheck interval (the others go on with
+  // its verdict), until one reading finds every shard answering and
+  // agreeing (found in review: a shard down at the first reading was never
+  // read again; and a reading that passed over the requesting shard was
+  // taken for the whole map).
   std::int64_t due = whole_map_due_ns_.load(std::memory_order_acquire);
   const bool my_turn =
       now_ns >= due && whole_map_due_ns_.compare_exchange_strong(
                            due, now_ns + map_recheck_ns_.load(std::memory_order_relaxed));
+  // Until a first reading has finished, every request makes one: none is
+  // served on a map not read yet.
   if (!my_turn && whole_map_checked_.load(std::memory_order_acquire)) {
     if (whole_map_conflict_.load(std::memory_order_acquire)) {
       const std::lock_guard lock(whole_map_mutex_);
@@ -294,32 +319,37 @@ void store::check_whole_map(std::size_t shard, std::int64_t now_ns) {
   const auto count = static_cast<std::int64_t>(shard_count());
   bool every_one_agreed = true;
   std::optional<storage_error> conflict;
-  for (std::size_t other = 0; other < shard_count() && !conflict; ++other) {
-    if (other == shard) continue;
+  for (std::size_t s = 0; s < shard_count() && !conflict; ++s) {
     std::optional<shard_place> recorded;
     try {
-      recorded = place_in(backend_->read(other, sql_->read_shard_map, {}));
+      recorded = place_in(backend_->read(s, sql_->read_shard_map, {}));
     } catch (const storage_error&) {
       every_one_agreed = false;  // down, or not migrated: read again next time
       continue;
     }
     if (!recorded) {
       every_one_agreed = false;
-    } else if (*recorded != shard_place{static_cast<std::int64_t>(other), count}) {
-      conflict = map_refusal(other, shard_count(), recorded, true);
+    } else if (*recorded != shard_place{static_cast<std::int64_t>(s), count}) {
+      conflict = map_refusal(s, shard_count(), recorded, true);
     }
   }
-  if (conflict) {
+  {
+    // Readings may overlap (one slowed by a shard that does not answer):
+    // only the latest one started speaks (found in review: an older
+    // reading's "no conflict" overwrote a newer one's conflict).
     const std::lock_guard lock(whole_map_mutex_);
-    whole_map_conflict_text_ = conflict->info().internal;
+    if (now_ns >= whole_map_published_ns_) {
+      whole_map_published_ns_ = now_ns;
+      whole_map_conflict_text_ = conflict ? conflict->info().internal : std::string();
+      whole_map_conflict_.store(conflict.has_value(), std::memory_order_release);
+      whole_map_checked_.store(true, std::memory_order_release);
+      if (every_one_agreed && !conflict) whole_map_agreed_.store(true, std::memory_order_release);
+    }
   }
-  whole_map_conflict_.store(conflict.has_value(), std::memory_order_release);
-  whole_map_checked_.store(true, std::memory_order_release);
   if (conflict) {
     log(log_level::error, conflict->what());
     throw *conflict;
   }
-  if (every_one_agreed) whole_map_agreed_.store(true, std::memory_order_release);
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {

@@ -146,8 +146,9 @@ class store {
   /// a retry of it as a new request. A planned change of the map goes
   /// through adopt_shard_map().
   void migrate();
-  /// The same on one shard: a service may start with the shards that answer
-  /// and migrate the others when they come back (until then the record
+  /// The same on one shard (after reading every shard's recorded place, as
+  /// migrate() does): a service may start with the shards that answer and
+  /// migrate the others when they come back (until then the record
   /// statements refuse them: backend_for_records()).
   void migrate_shard(std::size_t shard);
   /// migrate(), but a shard that records another map is given this store's:
@@ -180,13 +181,14 @@ class store {
   ///   required_schema_version() (a binary deployed before `migrate`), the
   ///   record statements would name columns the schema lacks;
   /// - its recorded place in the shard map (see migrate()), again each
-  ///   recheck interval (recheck_shard_map_every()); and the places of
-  ///   the other shards, once per interval by one request, until every one
-  ///   has answered and agreed (until a first such reading has finished,
-  ///   every request makes it; a shard that does not answer costs it one
-  ///   failed read). A shard that records no place, or another one, would
-  ///   let a key's retry run on a shard where another process does not
-  ///   look; another shard that records another place refuses them all.
+  ///   recheck interval (recheck_shard_map_every()); and, in a store of
+  ///   more than one shard, the places of every shard, once per interval by
+  ///   one request, until one reading finds every shard answering and
+  ///   agreeing (until a first reading has finished, every request makes
+  ///   one; a shard that does not answer costs it two failed connects). A
+  ///   shard that records no place, or another one, would let a key's retry
+  ///   run on a shard where another process does not look; a shard that
+  ///   answers with another place refuses them all.
   /// Either way this throws a retryable storage_error (storage_unavailable)
   /// that says what differs, and keeps refusing until it is fixed: nothing
   /// is written. A read that fails throws as read() does.
@@ -202,8 +204,10 @@ class store {
   /// the schema version this library needs, or records this store's map.
   void check_schema_version(std::size_t shard);
   void check_recorded_map(std::size_t shard, std::int64_t now_ns);
-  /// The other shards' recorded places, until they all agreed once.
-  void check_whole_map(std::size_t shard, std::int64_t now_ns);
+  /// Every shard's recorded place, until they all answered and agreed once.
+  void check_whole_map(std::int64_t now_ns);
+  /// The next request reads the shard map again (after a migrate here).
+  void read_map_again();
   /// Reads every shard's recorded place before migrate() or
   /// adopt_shard_map() writes anything (see there).
   void read_every_place(bool adopt);
@@ -224,8 +228,9 @@ class store {
   std::atomic<bool> whole_map_checked_{false};   // one reading finished
   std::atomic<bool> whole_map_conflict_{false};  // ... and it found another map
   std::atomic<bool> whole_map_agreed_{false};    // one found every shard agreeing
-  std::mutex whole_map_mutex_;                   // guards the text below
-  std::string whole_map_conflict_text_;          // what the last conflict said
+  std::mutex whole_map_mutex_;                   // guards the two below
+  std::int64_t whole_map_published_ns_ = 0;      // when the reading last published began
+  std::string whole_map_conflict_text_;          // what it found, if a conflict
 };
 
 }  // namespace orpheus
