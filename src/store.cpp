@@ -56,6 +56,24 @@ config_error another_map(std::size_t shard, std::size_t count, const shard_place
       "docs/sharding.md (store::adopt_shard_map(), orpheusctl adopt-shard-map)");
 }
 
+/// The refusal of a store whose shard `shard` records `recorded` (nothing:
+/// no row) instead of this store's place for it. Retryable, as for an old
+/// schema: the request changed nothing, and the cure is a deploy (the right
+/// shard list) or a migrate.
+storage_error map_refusal(std::size_t shard, std::size_t count,
+                          const std::optional<shard_place>& recorded, bool for_all) {
+  return storage_error::transient(
+      "store: shard " + std::to_string(shard) + " of this store's " + std::to_string(count) +
+      (recorded ? " records itself as " + describe(*recorded) +
+                      ": this process was given other shards, or the same ones in another "
+                      "order, than the process that migrated it, and would look for a key on "
+                      "another shard than theirs (docs/sharding.md)"
+                : " records no shard map (no row in orpheus_shard_map): run migrate "
+                  "(store::migrate(), orpheusctl migrate) before serving") +
+      "; until then every request on " + (for_all ? "every shard" : "it") +
+      " is refused and nothing is written");
+}
+
 std::int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -202,6 +220,10 @@ void store::read_every_place(bool adopt) {
     }
     const shard_place mine{static_cast<std::int64_t>(s), static_cast<std::int64_t>(shard_count())};
     if (!adopt && recorded && *recorded != mine) {
+      // The requests of this store are refused too (found in review: the
+      // example server, which migrates a shard late while serving the
+      // others, only logged it).
+      publish_whole_map(steady_ns(), map_refusal(s, shard_count(), recorded, true), false);
       throw another_map(s, shard_count(), *recorded, " on any shard");
     }
   }
@@ -260,28 +282,6 @@ void store::migrate_shard(std::size_t shard, bool adopt_map) {
   read_map_again();
 }
 
-namespace {
-
-/// The refusal of a store whose shard `shard` records `recorded` (nothing:
-/// no row) instead of this store's place for it. Retryable, as for an old
-/// schema: the request changed nothing, and the cure is a deploy (the right
-/// shard list) or a migrate.
-storage_error map_refusal(std::size_t shard, std::size_t count,
-                          const std::optional<shard_place>& recorded, bool for_all) {
-  return storage_error::transient(
-      "store: shard " + std::to_string(shard) + " of this store's " + std::to_string(count) +
-      (recorded ? " records itself as " + describe(*recorded) +
-                      ": this process was given other shards, or the same ones in another "
-                      "order, than the process that migrated it, and would look for a key on "
-                      "another shard than theirs (docs/sharding.md)"
-                : " records no shard map (no row in orpheus_shard_map): run migrate "
-                  "(store::migrate(), orpheusctl migrate) before serving") +
-      "; until then every request on " + (for_all ? "every shard" : "it") +
-      " is refused and nothing is written");
-}
-
-}  // namespace
-
 void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
   // One shard is the whole map.
   if (shard_count() > 1 && !whole_map_agreed_.load(std::memory_order_acquire)) {
@@ -312,10 +312,13 @@ void store::check_whole_map(std::int64_t now_ns) {
   if (!my_turn && whole_map_checked_.load(std::memory_order_acquire)) {
     if (whole_map_conflict_.load(std::memory_order_acquire)) {
       const std::lock_guard lock(whole_map_mutex_);
-      throw storage_error::transient(whole_map_conflict_text_);
+      if (whole_map_conflict_.load(std::memory_order_relaxed)) {  // not cleared meanwhile
+        throw storage_error::transient(whole_map_conflict_text_);
+      }
     }
     return;
   }
+  const std::int64_t started_ns = steady_ns();  // not now_ns: the schema check may have been slow
   const auto count = static_cast<std::int64_t>(shard_count());
   bool every_one_agreed = true;
   std::optional<storage_error> conflict;
@@ -333,23 +336,37 @@ void store::check_whole_map(std::int64_t now_ns) {
       conflict = map_refusal(s, shard_count(), recorded, true);
     }
   }
-  {
-    // Readings may overlap (one slowed by a shard that does not answer):
-    // only the latest one started speaks (found in review: an older
-    // reading's "no conflict" overwrote a newer one's conflict).
-    const std::lock_guard lock(whole_map_mutex_);
-    if (now_ns >= whole_map_published_ns_) {
-      whole_map_published_ns_ = now_ns;
-      whole_map_conflict_text_ = conflict ? conflict->info().internal : std::string();
-      whole_map_conflict_.store(conflict.has_value(), std::memory_order_release);
-      whole_map_checked_.store(true, std::memory_order_release);
-      if (every_one_agreed && !conflict) whole_map_agreed_.store(true, std::memory_order_release);
-    }
-  }
+  publish_whole_map(started_ns, conflict, every_one_agreed);
   if (conflict) {
     log(log_level::error, conflict->what());
     throw *conflict;
   }
+}
+
+void store::publish_whole_map(std::int64_t started_ns, const std::optional<storage_error>& conflict,
+                              bool every_one_agreed) {
+  const std::lock_guard lock(whole_map_mutex_);
+  if (conflict) {
+    // A conflict always speaks, and every shard's own check, which might
+    // have let requests through until its next due time, is due at once
+    // (found in review: a conflict found by one shard's request left the
+    // other shards served for up to an interval).
+    whole_map_conflict_text_ = conflict->info().internal;
+    whole_map_conflict_found_ns_ = steady_ns();
+    whole_map_agreed_.store(false, std::memory_order_release);
+    whole_map_conflict_.store(true, std::memory_order_release);
+    for (std::size_t s = 0; s < shard_count(); ++s) {
+      checks_[s].map_checked_until_ns.store(0, std::memory_order_release);
+    }
+  } else if (started_ns > whole_map_conflict_found_ns_) {
+    // Readings may overlap (one slowed by a shard that does not answer): a
+    // "no conflict" clears a conflict only when it began after that
+    // conflict was found (found in review: an older reading's "no
+    // conflict" overwrote a newer one's conflict).
+    whole_map_conflict_.store(false, std::memory_order_release);
+    if (every_one_agreed) whole_map_agreed_.store(true, std::memory_order_release);
+  }
+  whole_map_checked_.store(true, std::memory_order_release);
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {

@@ -185,7 +185,7 @@ class store {
   ///   more than one shard, the places of every shard, once per interval by
   ///   one request, until one reading finds every shard answering and
   ///   agreeing (until a first reading has finished, every request makes
-  ///   one; a shard that does not answer costs it two failed connects). A
+  ///   one; a shard that does not answer costs it two tries to connect). A
   ///   shard that records no place, or another one, would let a key's retry
   ///   run on a shard where another process does not look; a shard that
   ///   answers with another place refuses them all.
@@ -208,6 +208,9 @@ class store {
   void check_whole_map(std::int64_t now_ns);
   /// The next request reads the shard map again (after a migrate here).
   void read_map_again();
+  /// What a reading of every shard's place (begun at `started_ns`) found.
+  void publish_whole_map(std::int64_t started_ns, const std::optional<storage_error>& conflict,
+                         bool every_one_agreed);
   /// Reads every shard's recorded place before migrate() or
   /// adopt_shard_map() writes anything (see there).
   void read_every_place(bool adopt);
@@ -225,12 +228,12 @@ class store {
   // The whole map (check_whole_map()): when a request reads it next, and
   // what the last reading found.
   std::atomic<std::int64_t> whole_map_due_ns_{0};
-  std::atomic<bool> whole_map_checked_{false};   // one reading finished
-  std::atomic<bool> whole_map_conflict_{false};  // ... and it found another map
-  std::atomic<bool> whole_map_agreed_{false};    // one found every shard agreeing
-  std::mutex whole_map_mutex_;                   // guards the two below
-  std::int64_t whole_map_published_ns_ = 0;      // when the reading last published began
-  std::string whole_map_conflict_text_;          // what it found, if a conflict
+  std::atomic<bool> whole_map_checked_{false};    // one reading finished
+  std::atomic<bool> whole_map_conflict_{false};   // ... and it found another map
+  std::atomic<bool> whole_map_agreed_{false};     // one found every shard agreeing
+  std::mutex whole_map_mutex_;                    // guards the two below
+  std::int64_t whole_map_conflict_found_ns_ = 0;  // when the last conflict was found
+  std::string whole_map_conflict_text_;           // what it said
 };
 
 }  // namespace orpheus

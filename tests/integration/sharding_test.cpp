@@ -390,6 +390,33 @@ TEST(Sharding, AShardThatDidNotAnswerTheFirstCheckIsReadAgain) {
   EXPECT_EQ(rpcs, 1);
 }
 
+// Found in review (third round): a conflict found by a migrate of a late
+// shard (the example server's) was only logged, and one found by a request
+// on one shard left the others served until their own next check, up to an
+// interval. A one-shard store [y] recorded y while [x, y] had y down.
+TEST(Sharding, AConflictFoundOnOneShardRefusesEveryShardAtOnce) {
+  scratch_databases dbs("orpheus_at_once_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store xy(dbs.map({0, 1}));  // the default recheck interval, 10 s
+  xy.migrate_shard(0);
+  manager m(xy);
+  int rpcs = 0;
+  EXPECT_EQ(pay(m, key_on(xy, 0, "before-"), rpcs).status, 201);
+  record_place_by_hand(dbs, 1, 0, 1);  // y: "shard 0 of 1"
+  EXPECT_THROW(xy.migrate_shard(1), config_error);
+  try {
+    (void)pay(m, key_on(xy, 0, "after-"), rpcs);
+    ADD_FAILURE() << "shard 0 served within its interval after shard 1 was found in another map";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shard 1 of this store's 2 records itself as shard 0 "
+                                         "of 1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(rpcs, 1);
+}
+
 // Found in review: a migrate refused at its second shard had already
 // recorded its map on the first (and said "nothing was changed"), and the
 // store of the right map could then not be migrated.
