@@ -31,6 +31,11 @@ struct shard_place {
   friend bool operator==(const shard_place&, const shard_place&) = default;
 };
 
+/// Where `shard` belongs in a map of `count` shards.
+shard_place place_of(std::size_t shard, std::size_t count) {
+  return {static_cast<std::int64_t>(shard), static_cast<std::int64_t>(count)};
+}
+
 std::optional<shard_place> place_in(const sql_rows& rows) {
   if (rows.empty() || rows.front().values.size() < 2) return std::nullopt;
   return shard_place{detail::int_or_zero(rows.front().values[0]),
@@ -218,8 +223,7 @@ void store::read_every_place(bool adopt) {
       if (adopt) throw;  // every shard of the new map answers, or none is written
       continue;          // its migrate_shard() below fails too, and says why
     }
-    const shard_place mine{static_cast<std::int64_t>(s), static_cast<std::int64_t>(shard_count())};
-    if (!adopt && recorded && *recorded != mine) {
+    if (!adopt && recorded && *recorded != place_of(s, shard_count())) {
       // The requests of this store are refused too (found in review: the
       // example server, which migrates a shard late while serving the
       // others, only logged it).
@@ -250,8 +254,7 @@ void store::read_map_again() {
 void store::migrate_shard(std::size_t shard, bool adopt_map) {
   check_shard(shard);
   const auto migrations = backend_->migrations();
-  const shard_place mine{static_cast<std::int64_t>(shard),
-                         static_cast<std::int64_t>(shard_count())};
+  const shard_place mine = place_of(shard, shard_count());
   backend_->exclusively(shard, [&](tx& t) {
     t.execute(sql_->create_version_table);
     // The recorded map is checked before any DDL: on MySQL, DDL commits by
@@ -287,9 +290,8 @@ void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
   if (shard_count() > 1 && !whole_map_agreed_.load(std::memory_order_acquire)) {
     check_whole_map(now_ns);
   }
-  const auto count = static_cast<std::int64_t>(shard_count());
   const auto recorded = place_in(backend_->read(shard, sql_->read_shard_map, {}));
-  if (!recorded || *recorded != shard_place{static_cast<std::int64_t>(shard), count}) {
+  if (!recorded || *recorded != place_of(shard, shard_count())) {
     throw map_refusal(shard, shard_count(), recorded, false);
   }
 }
@@ -319,7 +321,6 @@ void store::check_whole_map(std::int64_t now_ns) {
     return;
   }
   const std::int64_t started_ns = steady_ns();  // not now_ns: the schema check may have been slow
-  const auto count = static_cast<std::int64_t>(shard_count());
   bool every_one_agreed = true;
   std::optional<storage_error> conflict;
   for (std::size_t s = 0; s < shard_count() && !conflict; ++s) {
@@ -332,7 +333,7 @@ void store::check_whole_map(std::int64_t now_ns) {
     }
     if (!recorded) {
       every_one_agreed = false;
-    } else if (*recorded != shard_place{static_cast<std::int64_t>(s), count}) {
+    } else if (*recorded != place_of(s, shard_count())) {
       conflict = map_refusal(s, shard_count(), recorded, true);
     }
   }

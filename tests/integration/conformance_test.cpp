@@ -1361,52 +1361,55 @@ TEST_P(Conformance, AnOlderHandlerVersionParksANewerVersionsSpentRecord) {
   EXPECT_EQ(v1.runs, 0);
 }
 
+// A crashed attempt of `handler`, then one completer pass while taking
+// over its lease throws what `inject` throws. `runs`: the handler's runs.
+completer_pass a_pass_failing_at_take_lease(store& s, const config& cfg, const request_id& rid,
+                                            const std::string& handler,
+                                            const std::function<void()>& inject, int& runs) {
+  test::forwarding_store fs(s);
+  manager m(fs, cfg);
+  completer_rig rig;
+  rig.register_on(m, handler);
+  leave_crashed_attempt(s, rid, R"({"id":"x","amount":1})", 1000, handler, 1);
+  std::this_thread::sleep_for(20ms);
+  fs.on_statement = [&](std::string_view name) {
+    if (name == "take_lease") inject();
+  };
+  completer_pass pass;
+  EXPECT_NO_THROW(pass = completer(m).run_once());
+  fs.on_statement = nullptr;
+  runs = rig.runs;
+  return pass;
+}
+
 // Found in review: a final error that recorded nothing (here a permanent
 // storage error as the completer's attempt takes the lease) was counted as
 // finished; the record is due again later, so it is "retrying".
 TEST_P(Conformance, TheCompleterCountsAFinalErrorThatRecordedNothingAsRetrying) {
-  config cfg = short_lease();
-  test::forwarding_store fs(*store_);
-  manager m(fs, cfg);
-  completer_rig rig;
-  const std::string handler = "count-" + scope_.substr(6);
-  rig.register_on(m, handler);
-  leave_crashed_attempt(*store_, id("unlucky"), R"({"id":"x","amount":1})", 1000, handler, 1);
-  std::this_thread::sleep_for(20ms);
-  fs.on_statement = [](std::string_view name) {
-    if (name == "take_lease") throw storage_error::permanent("injected: the disk is read-only");
-  };
-  const auto pass = completer(m).run_once();
-  fs.on_statement = nullptr;
+  int runs = -1;
+  const auto pass = a_pass_failing_at_take_lease(
+      *store_, short_lease(), id("unlucky"), "count-" + scope_.substr(6),
+      [] { throw storage_error::permanent("injected: the disk is read-only"); }, runs);
   EXPECT_EQ(pass.claimed, 1U);
   EXPECT_EQ(pass.finished, 0U);
   EXPECT_EQ(pass.retrying, 1U);
   EXPECT_EQ(store_->inspect(id("unlucky"))->state, record_state::in_progress);
-  EXPECT_EQ(rig.runs, 0);
+  EXPECT_EQ(runs, 0);
 }
 
 // Found in review: run_once() caught std::exception only, so anything else
 // (a handler's decoding that throws an int) left it, and on the completer's
 // thread ended the whole process.
 TEST_P(Conformance, TheCompleterCountsAnyExceptionAsRetrying) {
-  config cfg = short_lease();
-  test::forwarding_store fs(*store_);
-  manager m(fs, cfg);
-  completer_rig rig;
-  const std::string handler = "odd-" + scope_.substr(6);
-  rig.register_on(m, handler);
-  leave_crashed_attempt(*store_, id("odd"), R"({"id":"x","amount":1})", 1000, handler, 1);
-  std::this_thread::sleep_for(20ms);
-  fs.on_statement = [](std::string_view name) {
-    if (name == "take_lease") throw 42;  // not a std::exception
-  };
-  completer_pass pass;
-  EXPECT_NO_THROW(pass = completer(m).run_once());
-  fs.on_statement = nullptr;
+  int runs = -1;
+  const auto pass = a_pass_failing_at_take_lease(
+      *store_, short_lease(), id("odd"), "odd-" + scope_.substr(6),
+      [] { throw 42; },  // not a std::exception
+      runs);
   EXPECT_EQ(pass.claimed, 1U);
   EXPECT_EQ(pass.retrying, 1U);
   EXPECT_EQ(store_->inspect(id("odd"))->state, record_state::in_progress);
-  EXPECT_EQ(rig.runs, 0);
+  EXPECT_EQ(runs, 0);
 }
 
 TEST_P(Conformance, TheCompleterFinishesARequestWhoseClientWentAway) {

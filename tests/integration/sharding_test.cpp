@@ -251,6 +251,21 @@ std::int64_t records_in(const scratch_databases& dbs) {
   return n;
 }
 
+// A payment under `id` that the store refuses, retryable, saying `why`,
+// before the RPC runs.
+void expect_refused(manager& m, const request_id& id, int& rpcs, const std::string& why,
+                    const std::string& context) {
+  const int before = rpcs;
+  try {
+    (void)pay(m, id, rpcs);
+    ADD_FAILURE() << context << ": served";
+  } catch (const storage_error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << context << ": " << e.what();
+  }
+  EXPECT_EQ(rpcs, before) << context << ": the RPC ran";
+}
+
 // Gives the database on `server` the whole schema and the recorded place
 // (index of count), written by hand: the state two migrates with different
 // maps can leave when they run at once (each reads the other's first shard
@@ -310,16 +325,8 @@ TEST(Sharding, AStoreGivenAnotherShardMapIsRefusedBeforeItWritesAnything) {
     }
     manager mo(other);
     for (std::size_t shard = 0; shard < other.shard_count(); ++shard) {
-      const int before = rpcs;
-      try {
-        (void)pay(mo, key_on(other, shard, "other-"), rpcs);
-        ADD_FAILURE() << what << ": shard " << shard << " served a store of another map";
-      } catch (const error& e) {
-        EXPECT_TRUE(e.retryable()) << e.what();
-        EXPECT_NE(std::string(e.what()).find("records itself as shard"), std::string::npos)
-            << e.what();
-      }
-      EXPECT_EQ(rpcs, before) << what << ": the RPC ran";
+      expect_refused(mo, key_on(other, shard, "other-"), rpcs, "records itself as shard",
+                     what + ": shard " + std::to_string(shard) + " of a store of another map");
       EXPECT_EQ(records_in(dbs), 2) << what << ": a record was written";
     }
   }
@@ -347,17 +354,9 @@ TEST(Sharding, TwoStoresThatEachRecordedOnlyTheirFirstShardServeNeither) {
   for (store* s : {static_cast<store*>(&xy), static_cast<store*>(&yx)}) {
     manager m(*s);
     for (const std::size_t shard : {1U, 0U, 0U}) {
-      try {
-        (void)pay(m, key_on(*s, shard, "half-"), rpcs);
-        ADD_FAILURE() << "a store served its shard " << shard
-                      << " while its shard 1 records another map";
-      } catch (const storage_error& e) {
-        EXPECT_TRUE(e.retryable()) << e.what();
-        EXPECT_NE(std::string(e.what()).find("shard 1 of this store's 2 records itself as "
-                                             "shard 0 of 2"),
-                  std::string::npos)
-            << e.what();
-      }
+      expect_refused(m, key_on(*s, shard, "half-"), rpcs,
+                     "shard 1 of this store's 2 records itself as shard 0 of 2",
+                     "shard " + std::to_string(shard) + ", while shard 1 records another map");
     }
   }
   EXPECT_EQ(rpcs, 0);
@@ -378,15 +377,9 @@ TEST(Sharding, AShardThatDidNotAnswerTheFirstCheckIsReadAgain) {
   int rpcs = 0;
   EXPECT_EQ(pay(m, key_on(xy, 0, "early-"), rpcs).status, 201) << "y has no map yet: x serves";
   record_place_by_hand(dbs, 1, 0, 2);  // y: "shard 0 of 2", as x is
-  try {
-    (void)pay(m, key_on(xy, 0, "late-"), rpcs);
-    ADD_FAILURE() << "x served while y, its store's shard 1, records itself as shard 0";
-  } catch (const storage_error& e) {
-    EXPECT_TRUE(e.retryable()) << e.what();
-    EXPECT_NE(std::string(e.what()).find("shard 1 of this store's 2 records itself as shard 0"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_refused(m, key_on(xy, 0, "late-"), rpcs,
+                 "shard 1 of this store's 2 records itself as shard 0",
+                 "x, while y, its store's shard 1, records itself as shard 0");
   EXPECT_EQ(rpcs, 1);
 }
 
@@ -404,16 +397,9 @@ TEST(Sharding, AConflictFoundOnOneShardRefusesEveryShardAtOnce) {
   EXPECT_EQ(pay(m, key_on(xy, 0, "before-"), rpcs).status, 201);
   record_place_by_hand(dbs, 1, 0, 1);  // y: "shard 0 of 1"
   EXPECT_THROW(xy.migrate_shard(1), config_error);
-  try {
-    (void)pay(m, key_on(xy, 0, "after-"), rpcs);
-    ADD_FAILURE() << "shard 0 served within its interval after shard 1 was found in another map";
-  } catch (const storage_error& e) {
-    EXPECT_TRUE(e.retryable()) << e.what();
-    EXPECT_NE(std::string(e.what()).find("shard 1 of this store's 2 records itself as shard 0 "
-                                         "of 1"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_refused(m, key_on(xy, 0, "after-"), rpcs,
+                 "shard 1 of this store's 2 records itself as shard 0 of 1",
+                 "shard 0, within its interval after shard 1 was found in another map");
   EXPECT_EQ(rpcs, 1);
 }
 
