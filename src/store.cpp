@@ -290,7 +290,22 @@ void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
   if (shard_count() > 1 && !whole_map_agreed_.load(std::memory_order_acquire)) {
     check_whole_map(now_ns);
   }
-  const auto recorded = place_in(backend_->read(shard, sql_->read_shard_map, {}));
+  std::optional<shard_place> recorded;
+  try {
+    recorded = place_in(backend_->read(shard, sql_->read_shard_map, {}));
+  } catch (const storage_error& e) {
+    if (e.retryable()) throw;
+    // Refused like a shard with no row, retryable (found in a session's
+    // notes: a user without SELECT on the table got a permanent error, 500,
+    // on every request, which tells clients to give up on payments that go
+    // through once the grant is fixed; the schema check already reads such
+    // a table as version 0).
+    throw storage_error::transient(
+        "store: shard " + std::to_string(shard) + "'s place in the shard map could not be read (" +
+        e.what() +
+        "); a user without SELECT on orpheus_shard_map gets this (docs/schema.md). Until it "
+        "can be read, every request on it is refused and nothing is written");
+  }
   if (!recorded || *recorded != place_of(shard, shard_count())) {
     throw map_refusal(shard, shard_count(), recorded, false);
   }

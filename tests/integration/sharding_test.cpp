@@ -484,5 +484,57 @@ TEST(Sharding, OneDatabaseListedAsTwoShardsIsAConfigurationError) {
   EXPECT_THROW(mysql_store{o}, config_error);
 }
 
+// Found in a session's notes: a user without SELECT on orpheus_shard_map
+// got a permanent error (500) on every request, telling clients to give up
+// on payments that go through once the grant is fixed. It is refused like a
+// shard with no row: retryable, before anything is written.
+TEST(Sharding, AUserWhoCannotReadTheShardMapIsRefusedRetryably) {
+  scratch_databases dbs("orpheus_grant_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store(dbs.map({0})).migrate();
+  const std::string user = "nomap" + test::random_hex(4);
+  const auto as_root = [&](const std::string& sql) {
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    t->execute(sql);
+    t->commit();
+  };
+  {
+    // Every table of the schema but the map's.
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    const auto tables = t->query(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = ? AND table_name "
+        "<> 'orpheus_shard_map'",
+        dbs.name);
+    t->commit();
+    ASSERT_GE(tables.size(), 2U);
+    as_root("CREATE USER '" + user + "'@'127.0.0.1' IDENTIFIED BY 'p'");
+    for (const auto& row : tables) {
+      as_root("GRANT SELECT, INSERT, UPDATE, DELETE ON " + dbs.name + "." +
+              row.get<std::string>(0) + " TO '" + user + "'@'127.0.0.1'");
+    }
+  }
+  mysql_options o = dbs.map({0});
+  o.shards[0].user = user;
+  o.shards[0].password = "p";
+  mysql_store limited(o);
+  manager m(limited);
+  int rpcs = 0;
+  const request_id id{"map", "grant-1", fingerprint_of("x")};
+  expect_refused(m, id, rpcs, "could not be read", "no SELECT on orpheus_shard_map");
+  {
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    EXPECT_EQ(
+        t->query("SELECT COUNT(*) FROM " + dbs.name + ".orpheus_records")[0].get<std::int64_t>(0),
+        0)
+        << "a record was written";
+    t->commit();
+  }
+  // Once granted, the next request goes through: nothing is remembered.
+  as_root("GRANT SELECT ON " + dbs.name + ".orpheus_shard_map TO '" + user + "'@'127.0.0.1'");
+  EXPECT_EQ(pay(m, id, rpcs).status, 201);
+  EXPECT_EQ(rpcs, 1);
+  as_root("DROP USER '" + user + "'@'127.0.0.1'");
+}
+
 }  // namespace
 }  // namespace orpheus
