@@ -28,12 +28,14 @@ namespace orpheus::test {
 
 class child_process {
  public:
-  explicit child_process(std::vector<std::string> argv) {
+  /// With `with_stderr`, read_line() reads the child's stderr too.
+  explicit child_process(std::vector<std::string> argv, bool with_stderr = false) {
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    if (with_stderr) posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
     posix_spawn_file_actions_addclose(&fa, fds[0]);
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());

@@ -552,7 +552,8 @@ int main(int argc, char** argv) {
                                            "made; `orpheusctl show` tells)"
                          : stepwise      ? " (part of it may be done; see docs/operations.md "
                                            "before running it again)"
-                         : e.retryable() ? " (retryable: nothing was changed; run it again)"
+                         : e.retryable() ? " (retryable: nothing was changed; run it again "
+                                           "once the cause above is put right)"
                                          : " (not retryable)";
     std::cerr << "orpheusctl: " << e.what() << advice << "\n";
     return storage_failed;
