@@ -133,10 +133,21 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   }
 };
 
+// Beast's reads ask for up to this many bytes at a time (read_size()).
+constexpr std::size_t beast_read_size = std::size_t{64} * 1024;
+
+// A session's read buffer holds at most a header block and one read of
+// bytes not parsed yet. Beast 1.74 limits the header block and the body, but
+// not a chunk's size line nor the trailers (found in review: one request
+// whose chunk line never ended grew the buffer by every byte sent, until
+// read_timeout or the end of memory). Past the bound the read fails with
+// buffer_overflow, answered 400.
 class session : public std::enable_shared_from_this<session> {
  public:
   session(tcp::socket&& socket, std::shared_ptr<server::impl> owner)
-      : owner_(std::move(owner)), stream_(std::move(socket)) {}
+      : owner_(std::move(owner)),
+        stream_(std::move(socket)),
+        buffer_(owner_->options.header_limit + beast_read_size) {}
   session(const session&) = delete;
   session& operator=(const session&) = delete;
   ~session() { owner_->session_closed(); }

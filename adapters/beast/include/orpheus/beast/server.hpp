@@ -15,14 +15,14 @@
 //
 // Limits are enforced before the handler runs: a header block over
 // `header_limit` is answered 431, a body over `body_limit` 413, a malformed
-// request 400; then the connection is closed, once the client has read the
-// answer: what it still sends is read and dropped until it closes, for at
-// most `read_timeout` (and 2 s without a byte), so that it reads the answer
-// instead of a reset. A keep-alive connection with no
-// new request for `idle_timeout` is closed, and so is one whose request header
-// does not arrive within `header_timeout` (a new connection's clock starts at
-// accept) or whose body does not arrive within `read_timeout`. None of these
-// affects other connections.
+// request 400 (so is a chunk's size line or a trailer block longer than
+// `header_limit` + 64 KiB: a connection holds no more bytes than that unparsed); then the
+// connection is closed, once the client has read the answer: what it still sends is read and
+// dropped until it closes, for at most `read_timeout` (and 2 s without a byte), so that it reads
+// the answer instead of a reset. A keep-alive connection with no new request for `idle_timeout` is
+// closed, and so is one whose request header does not arrive within `header_timeout` (a new
+// connection's clock starts at accept) or whose body does not arrive within `read_timeout`. None of
+// these affects other connections.
 //
 // Accepting never stops for good (issue 7: one EMFILE used to end the accept
 // loop): with no file descriptor left the server waits `accept_backoff` and
