@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "orpheus/admin.hpp"
@@ -265,6 +266,62 @@ TEST_F(Middleware, TheOneLambdaFormRecordsTheHandlersAnswer) {
   EXPECT_EQ(final_5xx.result_int(), 501U);
   EXPECT_EQ(send("k3", "todo")["Idempotent-Replayed"], "true");
   EXPECT_EQ(calls, 4);
+}
+
+// Writes `res` as the server would and reads it back as a client does.
+std::optional<http_response> over_the_wire(http_response res) {
+  std::ostringstream wire;
+  wire << res;
+  const std::string bytes = wire.str();
+  http::response_parser<http::string_body> parser;
+  parser.eager(true);
+  boost::beast::error_code ec;
+  parser.put(boost::asio::buffer(bytes), ec);
+  if (ec || !parser.is_done()) return std::nullopt;
+  return parser.release();
+}
+
+// Found in review: a one-lambda handler that returned the bank's answer as
+// it came had the bank's connection headers recorded, and sent with the
+// first answer and every replay as this server's. The answer must also stay
+// readable by a client.
+TEST_F(Middleware, FramingHeadersOfAHandlersAnswerAreNeitherRecordedNorSent) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  std::atomic<int> calls{0};
+  auto send = [&](const std::string& key) {
+    std::promise<http_response> answer;
+    mw.handle(
+        post(key, "100"), [&](http_response r) { answer.set_value(std::move(r)); },
+        [&](const attempt&, const http_request&) {
+          ++calls;
+          http_response res{http::status::created, 11};
+          res.set(http::field::content_type, "application/json");
+          res.set(http::field::transfer_encoding, "chunked");  // as the bank's parser left it
+          res.set(http::field::connection, "keep-alive");
+          res.body() = R"({"charged":true})";
+          return res;
+        });
+    return answer.get_future().get();
+  };
+  for (const bool replay : {false, true}) {
+    const auto res = send("framed");
+    EXPECT_EQ(res.count(http::field::transfer_encoding), 0U) << "replay " << replay;
+    EXPECT_EQ(res.count(http::field::connection), 0U) << "replay " << replay;
+    EXPECT_EQ(res["Idempotent-Replayed"] == "true", replay);
+    const auto read = over_the_wire(res);
+    ASSERT_TRUE(read) << "a client cannot read the answer, replay " << replay;
+    EXPECT_EQ(read->result_int(), 201U);
+    EXPECT_EQ(read->body(), R"({"charged":true})");
+  }
+  EXPECT_EQ(calls, 1);
+  const auto record = store_->inspect(request_id{"c1", "framed", fingerprint_of("x")});
+  ASSERT_TRUE(record);
+  for (const auto& [name, value] : record->recorded.headers) {
+    EXPECT_NE(name, "Transfer-Encoding") << "recorded";
+    EXPECT_NE(name, "Connection") << "recorded";
+  }
 }
 
 // Found in review: a handler's 1xx was recorded, and the server sends a 1xx

@@ -1,8 +1,10 @@
 #include "orpheus/beast/middleware.hpp"
 
 #include <algorithm>
+#include <array>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <charconv>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +40,27 @@ request_text text_of(const http_request& req, const std::vector<std::string>& he
   return t;
 }
 
+// Headers of one connection or of the message's framing (RFC 9110, 7.6.1),
+// and Content-Length: the way out recomputes them. Found in review: a
+// one-lambda handler that returned the bank's answer as it came had the
+// bank's connection headers (Connection, Keep-Alive, Transfer-Encoding)
+// recorded and sent with the first answer and every replay, as if they were
+// this server's (prepare_payload() happened to drop a chunked encoding).
+bool framing_header(std::string_view name) {
+  static constexpr std::array<std::string_view, 8> names = {"Content-Length",   "Transfer-Encoding",
+                                                            "Connection",       "Keep-Alive",
+                                                            "Proxy-Connection", "TE",
+                                                            "Trailer",          "Upgrade"};
+  const auto same = [&](std::string_view n) {
+    return n.size() == name.size() &&
+           std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
+             return std::tolower(static_cast<unsigned char>(a)) ==
+                    std::tolower(static_cast<unsigned char>(b));
+           });
+  };
+  return std::any_of(names.begin(), names.end(), same);
+}
+
 }  // namespace
 
 scope_function bearer_scope(api_keys keys, std::string prefix) {
@@ -53,7 +76,7 @@ response record_of(const http_response& res) {
   response r;
   r.status = static_cast<int>(res.result_int());
   for (const auto& field : res) {
-    if (field.name() == http::field::content_length) continue;  // recomputed on the way out
+    if (framing_header(sv(field.name_string()))) continue;
     r.headers.emplace_back(std::string(sv(field.name_string())), std::string(sv(field.value())));
   }
   r.body = res.body();
@@ -260,7 +283,11 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
   http_response res;
   try {  // the pool swallows what a job throws: every request gets an answer
     res = http_response{static_cast<http::status>(r.status), 11};
-    for (const auto& [name, value] : r.headers) res.insert(name, value);
+    for (const auto& [name, value] : r.headers) {
+      // Records made before record_of() dropped them, and the two-lambda
+      // form's own headers.
+      if (!framing_header(name)) res.insert(name, value);
+    }
     // A 204 or 304 has no body on the wire (found in review: a
     // recorded 204 with "{}" made prepare_payload() throw, and every replay
     // of a charged payment answered 500 "do not retry"). The record keeps
