@@ -111,6 +111,9 @@ class single_writer {
   member_ticket enter();
   /// The connection, for the member whose turn it is.
   [[nodiscard]] connection& conn() { return *conn_; }
+  /// Whether a COMMIT run as a statement ended the open batch, for the
+  /// member whose turn it is (the commit hook runs on its thread).
+  [[nodiscard]] bool committed_by_a_statement() const noexcept { return foreign_commit_; }
   /// Ends the member whose turn it is: keeps (RELEASE) or undoes (ROLLBACK
   /// TO) its savepoint, then hands the connection on or commits the batch,
   /// and returns once the batch is finished. For a kept member, throws the

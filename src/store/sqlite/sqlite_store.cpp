@@ -110,7 +110,7 @@ struct read_pool {
 // is poisoned: every later statement and commit throws.
 class sqlite_statements : public backend_tx {
  public:
-  explicit sqlite_statements(connection& c) : c_(c) {}
+  sqlite_statements(connection& c, const single_writer& w) : c_(c), writer_(w) {}
 
   sql_rows query_values(std::string_view sql, std::span<const sql_value> p) override {
     check_alive();
@@ -141,6 +141,15 @@ class sqlite_statements : public backend_tx {
   void check_alive() {
     if (!open_) throw storage_error::permanent("sqlite: the transaction is already finished");
     note_if_rolled_back();
+    if (poisoned_ && writer_.committed_by_a_statement()) {
+      // Found in review: a COMMIT run as a statement by this transaction
+      // (through the backend seam, which has no guard) ended the batch with
+      // its writes committed, and it was told "nothing of it was committed".
+      throw storage_error::transient(
+          "sqlite: a COMMIT run as a statement ended the transaction; what was in it may be "
+          "committed",
+          /*in_doubt=*/true);
+    }
     if (poisoned_) {
       throw storage_error::transient(
           "sqlite: the transaction was already rolled back by an earlier error; nothing of it "
@@ -154,6 +163,7 @@ class sqlite_statements : public backend_tx {
   }
 
   connection& c_;
+  const single_writer& writer_;
   bool open_ = true;  // until commit() or rollback()
   bool poisoned_ = false;
 };
@@ -162,7 +172,8 @@ class sqlite_statements : public backend_tx {
 // the connection from construction to commit() or rollback().
 class sqlite_tx final : public sqlite_statements {
  public:
-  explicit sqlite_tx(single_writer& w) : sqlite_statements(w.conn()), w_(w), member_(w.enter()) {}
+  explicit sqlite_tx(single_writer& w)
+      : sqlite_statements(w.conn(), w), w_(w), member_(w.enter()) {}
   sqlite_tx(const sqlite_tx&) = delete;
   sqlite_tx& operator=(const sqlite_tx&) = delete;
   ~sqlite_tx() override { rollback(); }
@@ -249,7 +260,7 @@ class sqlite_backend final : public store_backend {
   void transact(std::size_t shard, const std::function<void(backend_tx&)>& body) override {
     check(shard);
     writer_->run([&](connection& c) {
-      sqlite_job_tx t(c);
+      sqlite_job_tx t(c, *writer_);
       body(t);
       t.check_alive();  // a body that rolled back, or lost its batch, keeps nothing
     });
