@@ -718,6 +718,10 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           t->commit();
           return replay_of(*locked);
         }
+        // Expired lease or retryable: a retry, unless the budget is spent.
+        const bool no_attempts =
+            locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
+        const bool no_window = locked->db_now_us >= locked->retry_until_us;
         // A record made through a registered handler is resumed only with
         // that handler's phases: another RPC on its stored Pre-RPC result
         // would be another operation under the same key (found in review).
@@ -729,15 +733,25 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         // response. Never a 422 (found in review: a client told its payment
         // was the wrong payload could pay again under a new key, while the
         // completer finished the first).
-        if (!locked->handler.empty() && locked->handler != ctx.handler) {
-          t->commit();
+        const bool begun_elsewhere = !locked->handler.empty() && locked->handler != ctx.handler;
+        if (begun_elsewhere) {
           const auto own = handlers_.find(locked->handler);
-          if (ctx.runner == runner_completer || ctx.resumed || own == handlers_.end()) {
+          if (ctx.runner != runner_completer && !ctx.resumed && own != handlers_.end()) {
+            t->commit();
+            throw resume_with_handler{own->first,
+                                      std::max(0ms, std::chrono::ceil<std::chrono::milliseconds>(
+                                                        wait_until - clock::now()))};
+          }
+          // Not resumed here. Parked, or out of budget with no live lease,
+          // it is answered below as any record (found in review: after a
+          // rollback to a build without its handler, such a record was
+          // answered 409 "in progress, retry in 1 s" for ever: never
+          // parked, no alert, though nothing of the handler runs to park).
+          if (locked->state != record_state::parked &&
+              (lease_is_live(*locked) || !(no_attempts || no_window))) {
+            t->commit();
             throw_begun_elsewhere(locked->handler, locked->handler_version);
           }
-          throw resume_with_handler{own->first,
-                                    std::max(0ms, std::chrono::ceil<std::chrono::milliseconds>(
-                                                      wait_until - clock::now()))};
         }
         if (locked->state == record_state::parked) {
           t->commit();
@@ -760,10 +774,6 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           t->add_abandoned(id);
           t->mark_in_doubt(id, "", terms.in_doubt_window_us, 0);
         }
-        // Expired lease or retryable: a retry, unless the budget is spent.
-        const bool no_attempts =
-            locked->attempts - locked->attempts_before_requeue >= config_.max_attempts;
-        const bool no_window = locked->db_now_us >= locked->retry_until_us;
         // A call downstream whose outcome was unknown may still land
         // (record::in_doubt_until_us). A spent budget does not park the
         // record meanwhile, nor is it made retryable for want of a readable
@@ -791,6 +801,10 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
                          no_attempts ? codes::attempts_exhausted : codes::retry_window_exhausted,
                          config_, ctx.runner);
           throw_parked(config_.parked_retry_after);
+        }
+        if (begun_elsewhere) {  // not reached: its budget is spent (above)
+          t->rollback();
+          throw_begun_elsewhere(locked->handler, locked->handler_version);
         }
         // Nor is it resumed by an older version of the handler (found in
         // review: during a rolling deploy or after a rollback, a client's

@@ -988,6 +988,59 @@ struct completer_rig {
   }
 };
 
+// Found in review: a record of a handler this server does not have (a
+// rollback to a build without it) was answered 409 "in progress, retry in
+// 1 s" before its budget was looked at: never parked, no alert, for ever.
+// Nothing of the handler runs to park it, so any server parks it; a parked
+// one is answered as parked.
+TEST_P(Conformance, ARecordOfAHandlerThisServerLacksIsParkedOnceItsBudgetIsSpent) {
+  config cfg;
+  cfg.max_attempts = 1;
+  std::vector<parked_event> alerts;
+  cfg.on_parked = [&](const parked_event& e) { alerts.push_back(e); };
+  const std::string newer = "pay-new-" + scope_.substr(6);
+  const std::string older = "pay-old-" + scope_.substr(6);
+  completer_rig rig;
+  rig.fail = [](const attempt&) { return true; };
+  manager with_it(*store_, cfg);
+  rig.register_on(with_it, newer);
+  const auto rid = id("rolled-back");
+  EXPECT_THROW(with_it.process(newer, rid, pay_pre), error);
+  ASSERT_EQ(store_->inspect(rid)->state, record_state::retryable);
+
+  manager without_it(*store_, cfg);  // the build rolled back to
+  rig.register_on(without_it, older);
+  for (int i = 0; i < 2; ++i) {  // the parking, then the parked record
+    try {
+      without_it.process(older, rid, pay_pre);
+      ADD_FAILURE() << "answered";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), codes::request_parked) << i << ": " << e.what();
+    }
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::parked);
+  ASSERT_EQ(alerts.size(), 1U);
+  EXPECT_EQ(alerts[0].reason, codes::attempts_exhausted);
+  EXPECT_EQ(rig.runs, 1) << "a handler ran again";
+
+  // With budget left it is still left to a server that has the handler.
+  cfg.max_attempts = 5;
+  manager roomy_with_it(*store_, cfg);
+  rig.register_on(roomy_with_it, newer);
+  manager roomy_without_it(*store_, cfg);
+  rig.register_on(roomy_without_it, older);
+  const auto rid2 = id("rolled-back-2");
+  EXPECT_THROW(roomy_with_it.process(newer, rid2, pay_pre), error);
+  try {
+    roomy_without_it.process(older, rid2, pay_pre);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress) << e.what();
+  }
+  EXPECT_EQ(store_->inspect(rid2)->state, record_state::retryable);
+  EXPECT_EQ(rig.runs, 2);
+}
+
 // Found in review: an attempt held in doubt (its call may still be running
 // downstream) is given a backoff beyond its hold before the completer
 // looks again, and resolve() refuses it meanwhile; but a client's retry with
