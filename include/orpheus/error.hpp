@@ -195,6 +195,12 @@ class storage_error : public error {
 /// How an exception that is not an orpheus::error is classified.
 enum class unclassified_policy {
   non_retryable,  ///< default: money is safer stuck than paid twice
+  /// Class unavailable. From an RPC, a step or a compensation this says the
+  /// call's outcome is known: nothing reached downstream, or downstream
+  /// deduplicates by the downstream key. The key is released at once, and
+  /// no in-doubt window holds it (config::in_doubt_window): once its budget
+  /// is spent it may be parked and resolved by hand at once. A call that may
+  /// still land (a timeout after sending) should throw class in_doubt.
   retryable,
 };
 
