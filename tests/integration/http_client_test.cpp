@@ -3,8 +3,11 @@
 // connection found dead is replaced without the request reaching the server
 // twice, a request that may have reached it is never re-sent, and one
 // deadline covers every step. Timings appear only as hang guards.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
@@ -531,6 +534,34 @@ TEST(HttpClient, TheDeadlineCoversWaitingForAConnection) {
   EXPECT_EQ(error_of([&] { c.send(s.endpoint(), get(), 100ms); }), transport_error::kind::connect);
   EXPECT_EQ(s.accepted(), 1);
   EXPECT_EQ(s.requests(), 1);
+}
+
+// Found in review: a connect that the deadline ended was reported as
+// `timeout` (in doubt), though nothing can have been sent. A listener whose
+// accept queue is full drops the client's SYN: the connect never completes.
+TEST(HttpClient, AConnectTheDeadlineEndsIsAConnectError) {
+  net::io_context ioc;
+  tcp::acceptor full(ioc, {net::ip::make_address("127.0.0.1"), 0});
+  full.listen(0);
+  const tcp::endpoint at = full.local_endpoint();
+  std::vector<int> fillers;  // never accepted
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(at.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);  // in progress, or queued
+    fillers.push_back(fd);
+  }
+  std::this_thread::sleep_for(100ms);  // the handshakes the queue takes are done
+  http_client c;
+  EXPECT_EQ(error_of([&] {
+              c.send({"127.0.0.1", at.port()}, charge(), 300ms);
+            }),
+            transport_error::kind::connect);
+  for (const int fd : fillers) ::close(fd);
 }
 
 TEST(HttpClient, ARefusedConnectionIsAConnectError) {

@@ -126,8 +126,18 @@ bool is_timeout(const error_code& ec) {
 // The one place that decides an error's kind (see the header).
 transport_error failure(const std::string& where, stage s, const error_code& ec) {
   const std::string what = where + ": " + ec.message();
+  // Before the write nothing was sent, whatever ended it: the deadline too
+  // (found in review: a lookup or a connect that timed out was reported in
+  // doubt; the payment wrapper then held the key to its deadline, and the
+  // client helper took a request that never left for one that may have).
+  if (s == stage::lookup || s == stage::connect) {
+    return {transport_error::kind::connect,
+            is_timeout(ec) ? what +
+                                 " (the deadline passed before a connection was made; "
+                                 "nothing was sent)"
+                           : what};
+  }
   if (is_timeout(ec)) return {transport_error::kind::timeout, what};
-  if (s == stage::lookup || s == stage::connect) return {transport_error::kind::connect, what};
   return {transport_error::kind::closed, what};
 }
 

@@ -57,11 +57,12 @@
 //
 // Errors: send() throws transport_error, whose error_kind() classifies it:
 //   connect  nothing of the request was sent (no connection could be opened,
-//            none of the endpoint's came free before the deadline, or the
-//            client was shutting down): safe to retry as is;
-//   timeout  the deadline passed (looking up, connecting, writing or
-//            reading): in doubt once anything may have been written - retry
-//            only with the same idempotency key;
+//            none of the endpoint's came free before the deadline, the
+//            deadline passed while looking up or connecting, or the client
+//            was shutting down): safe to retry as is;
+//   timeout  the deadline passed while writing or reading: in doubt once
+//            anything may have been written - retry only with the same
+//            idempotency key;
 //   closed   the connection broke before a complete answer: in doubt - retry
 //            only with the same idempotency key.
 // Any HTTP status is an answer, not an error. std::logic_error: send() from
