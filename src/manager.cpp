@@ -580,6 +580,11 @@ response manager::run_observed(const request_id& id, const detail::phases& p,
 response manager::run_unobserved(const request_id& id, const detail::phases& p,
                                  const process_options& options, const detail::run_context& ctx) {
   validate(id);  // bad input: before any database work
+  // Found in review: milliseconds::max() ("until done") overflowed the
+  // clock, and a negative wait was taken for none.
+  if (options.wait_for < 0ms || options.wait_for > std::chrono::hours(24)) {
+    throw config_error("process_options::wait_for must be 0 to 24 hours");
+  }
   const auto wait_until = clock::now() + options.wait_for;
   lease_terms terms = detail::terms_of(config_);
   if (options.retention) {

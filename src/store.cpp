@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -165,7 +166,11 @@ std::size_t store::purge_expired(std::size_t shard, std::size_t limit) {
   // The records, locked, then their history and them, by key (records.cpp).
   std::vector<std::pair<std::string, std::string>> all;
   std::vector<std::pair<std::string, std::string>> with_history;
-  for (const auto& row : t->query(sql_->purge_select, static_cast<std::int64_t>(limit))) {
+  // A limit past int64 (SIZE_MAX, "all") became LIMIT -1: no limit on
+  // SQLite, an error on MySQL (found in review).
+  const auto bounded = static_cast<std::int64_t>(
+      std::min<std::size_t>(limit, std::numeric_limits<std::int64_t>::max()));
+  for (const auto& row : t->query(sql_->purge_select, bounded)) {
     const auto& v = row.values;
     std::pair key{std::get<std::string>(v.at(0)), std::get<std::string>(v.at(1))};
     if (detail::int_or_zero(v.at(2)) != 0) with_history.push_back(key);

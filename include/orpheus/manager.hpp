@@ -189,6 +189,7 @@ void validate(const config& c);
 struct process_options {
   /// When another attempt holds the lease, wait up to this long for it to
   /// finish and answer with its recorded response (0: answer 409 at once).
+  /// At most 24 hours (config_error otherwise, nothing written).
   std::chrono::milliseconds wait_for{0};
   /// How long this request's terminal record is kept, when not the manager's
   /// config::retention. For requests nobody can replay (a key the server

@@ -711,6 +711,12 @@ TEST_P(Conformance, AResolvedRequestReplaysTheOperatorsOutcome) {
       pay(m, forever, c, flaky, process_options{.retention = std::chrono::milliseconds::max()}),
       config_error);
   EXPECT_FALSE(store_->inspect(forever)) << "refused before anything was written";
+  // So is a wait of "until done", which overflowed the clock, and a negative
+  // one (found in review).
+  for (const auto wait : {std::chrono::milliseconds::max(), std::chrono::milliseconds(-1)}) {
+    EXPECT_THROW(pay(m, forever, c, flaky, process_options{.wait_for = wait}), config_error);
+    EXPECT_FALSE(store_->inspect(forever)) << "refused before anything was written";
+  }
   EXPECT_THROW(pay(m, forever, c, flaky), error);
   EXPECT_THROW(pay(m, forever, c, flaky), error);  // parked
   {
@@ -2607,6 +2613,8 @@ TEST_P(Conformance, RetentionPurgeDeletesExpiredRecordsInBoundedBatches) {
   EXPECT_EQ(m.purge_expired(2), 2U);
   EXPECT_EQ(m.purge_expired(2), 1U);
   EXPECT_EQ(m.purge_expired(2), 0U);
+  // "All" (found in review: LIMIT -1, an error on MySQL).
+  EXPECT_EQ(m.purge_expired(std::numeric_limits<std::size_t>::max()), 0U);
   for (int i = 0; i < 5; ++i) EXPECT_FALSE(store_->inspect(id("p" + std::to_string(i))));
   EXPECT_TRUE(store_->inspect(id("retryable")));
 }

@@ -962,6 +962,9 @@ TEST(SqliteStore, BadOptionsAreRefused) {
   EXPECT_THROW(sqlite_store({.path = ""}), config_error);
   EXPECT_THROW(sqlite_store({.path = fresh_path(), .busy_timeout = std::chrono::milliseconds(0)}),
                config_error);
+  // SQLite takes an int of milliseconds: 30 days wrapped (found in review).
+  EXPECT_THROW(sqlite_store({.path = fresh_path(), .busy_timeout = std::chrono::hours(24 * 30)}),
+               config_error);
   EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_connections = 0}), config_error);
   EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_batch = 0}), config_error);
   EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_batch_age = std::chrono::microseconds(-1)}),

@@ -145,6 +145,10 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
         options_.www_authenticate + (has_params ? ", " : " ") + R"(error="invalid_token")";
   }
   if (options_.key_header.empty()) throw config_error("middleware: key_header is empty");
+  if (options_.wait.wait_for < std::chrono::milliseconds(0) ||
+      options_.wait.wait_for > std::chrono::hours(24)) {
+    throw config_error("middleware: wait.wait_for must be 0 to 24 hours");
+  }
   // Found in review: a retention here applied to every keyed request, past
   // validate(config)'s check that records outlive the retry window (a
   // record purged while its client may still retry runs again: a second

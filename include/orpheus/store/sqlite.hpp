@@ -47,7 +47,7 @@ struct sqlite_options {
   std::string path;  ///< the database file; created if missing
   /// How long a writer waits for another writer before SQLITE_BUSY, for its
   /// turn on the writer connection, and for its batch's COMMIT (then in
-  /// doubt). Must be positive.
+  /// doubt). Positive, at most 24 hours.
   std::chrono::milliseconds busy_timeout = std::chrono::milliseconds(5000);
   /// Read connections kept open (readers beyond this wait for one).
   std::size_t max_connections = 16;

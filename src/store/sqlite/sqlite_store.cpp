@@ -305,8 +305,10 @@ std::unique_ptr<store_backend> open_sqlite(sqlite_options options) {
   if (options.path.empty()) throw config_error("sqlite_store: path is empty");
   if (options.max_connections == 0) throw config_error("sqlite_store: max_connections is 0");
   // Positive: a transaction waits up to busy_timeout for its batch's COMMIT.
-  if (options.busy_timeout.count() <= 0) {
-    throw config_error("sqlite_store: busy_timeout must be positive");
+  // At most a day: SQLite takes an int of milliseconds (found in review:
+  // past 24.8 days it wrapped, and the busy handler between processes went).
+  if (options.busy_timeout.count() <= 0 || options.busy_timeout > std::chrono::hours(24)) {
+    throw config_error("sqlite_store: busy_timeout must be positive and at most 24 hours");
   }
   if (options.max_batch == 0) throw config_error("sqlite_store: max_batch is 0");
   if (options.max_batch_age.count() < 0) throw config_error("sqlite_store: negative max_batch_age");
