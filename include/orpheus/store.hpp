@@ -128,7 +128,10 @@ class store {
   /// does not exist. End it with commit() or rollback(): statements that
   /// would end it (COMMIT, ROLLBACK, BEGIN, ...), lock tables, or leave state
   /// on the pooled connection (SET of anything but a user variable, USE) are
-  /// refused with a permanent storage_error.
+  /// refused with a permanent storage_error. On SQLite one thread holds at
+  /// most one transaction of a store at a time (the writer is one
+  /// connection): a second, or a request, begun on the thread before the
+  /// first ends is refused with a permanent storage_error.
   std::unique_ptr<transaction> begin_on_shard(std::size_t shard);
   /// Deletes at most `limit` records of `shard` whose retention deadline has
   /// passed (never one under a live lease, never a parked one), oldest

@@ -1085,6 +1085,52 @@ TEST(SqliteStore, AForeignCommitOfTheBatchIsInDoubtForItsMembersNeverNothingComm
   }
 }
 
+// Found in review: a thread that holds a transaction and begins another, or
+// runs a request, before ending it waited for itself: every write of the
+// process stalled for busy_timeout, and it was told to retry. Refused at once
+// now, as permanent; another thread's work is not held up.
+TEST(SqliteStore, ASecondTransactionOnTheThreadThatHoldsOneIsRefusedAtOnce) {
+  auto s = store_with_table();
+  manager m(*s);
+  auto held = s->begin_on_shard(0);
+  insert_row(*held, "held");
+  // Before, each waited busy_timeout and was told to retry (waited for the
+  // writer connection): no timing is asserted, the answer tells.
+  const auto refused_at_once = [&](const std::string& what, const std::function<void()>& f) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": ran";
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("has not ended"), std::string::npos) << e.what();
+    }
+  };
+  refused_at_once("begin_on_shard", [&] { (void)s->begin_on_shard(0); });
+  refused_at_once("a job", [&] { insert_as_job(*s, "nested-job"); });
+  const request_id rid{"scope", "nested", fingerprint_of("x")};
+  refused_at_once("process()", [&] {
+    m.process(
+        rid, [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{200, {}, "ok"};
+        });
+  });
+  held->commit();
+  EXPECT_TRUE(row_exists(*s, "held"));
+  EXPECT_FALSE(row_exists(*s, "nested-job"));
+  EXPECT_FALSE(s->inspect(rid));
+  // The thread's next transaction, and the request, go through.
+  insert_as_job(*s, "after");
+  EXPECT_TRUE(row_exists(*s, "after"));
+  EXPECT_EQ(m.process(
+                 rid, [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+                 [](tx&, const attempt&, const outcome<int>&) {
+                   return response{200, {}, "ok"};
+                 })
+                .status,
+            200);
+}
+
 // The same for a thread member (a transaction of the backend seam, which has
 // no guard) that runs COMMIT itself: its commit() is in doubt.
 TEST(SqliteStore, ATransactionThatRunsCommitItselfIsToldInDoubt) {

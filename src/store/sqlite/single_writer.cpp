@@ -137,6 +137,7 @@ void single_writer::take_turn(std::unique_lock<std::mutex>& lock,
 // Gives the connection to the next in line (woken by wake_and_unlock), or
 // frees it.
 void single_writer::pass_turn(std::unique_lock<std::mutex>&) {
+  turn_holder_ = {};
   if (line_.empty()) {
     taken_ = false;
     return;
@@ -167,6 +168,19 @@ void single_writer::refuse_on_writer_thread() const {
   }
 }
 
+void single_writer::refuse_if_turn_is_mine(std::unique_lock<std::mutex>&) const {
+  // Found in review: a thread that began a transaction on the store and,
+  // before ending it, began another or called process() queued behind
+  // itself: every write of the process stalled for busy_timeout, and the
+  // caller was told to retry (storage_unavailable) something that cannot
+  // ever succeed. It works on MySQL (two connections); here it cannot.
+  if (taken_ && turn_holder_ == std::this_thread::get_id()) {
+    throw storage_error::permanent(
+        "sqlite: this thread holds a transaction on this store that it has not ended; a "
+        "second one (a transaction, or a request's) would wait for the first: end it first");
+  }
+}
+
 // BEGIN IMMEDIATE (other processes: the busy timeout) without m_ held.
 // Throws what BEGIN threw, with m_ held again and no batch open.
 void single_writer::open_batch(std::unique_lock<std::mutex>& lock) {
@@ -192,6 +206,7 @@ void single_writer::run(const std::function<void(connection&)>& body) {
   auto j = std::make_shared<job>();
   j->body = &body;
   std::unique_lock lock(m_);
+  refuse_if_turn_is_mine(lock);
   if (stopping_) throw storage_error::transient("sqlite: the store is closing; nothing was run");
   if (!jobs_gate_) jobs_gate_ = std::make_shared<parker>();
   j->gate = jobs_gate_;
@@ -377,7 +392,9 @@ void single_writer::run_one(job& j) {
 single_writer::member_ticket single_writer::enter() {
   refuse_on_writer_thread();
   std::unique_lock lock(m_);
+  refuse_if_turn_is_mine(lock);
   take_turn(lock);
+  turn_holder_ = std::this_thread::get_id();
   try {
     if (!batch_open_) open_batch(lock);
     member_ticket member{batch_, batch_gate_};
@@ -574,6 +591,7 @@ void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t ba
 void single_writer::exclusively(const std::function<void(connection&)>& f) {
   refuse_on_writer_thread();
   std::unique_lock lock(m_);
+  refuse_if_turn_is_mine(lock);
   take_turn(lock);
   try {
     if (batch_open_) commit_batch(lock);  // handed an open batch: finish it first

@@ -166,6 +166,9 @@ class single_writer {
   /// From the writer thread (a body that begins another transaction on this
   /// store), waiting for a turn would wait for itself: a permanent error.
   void refuse_on_writer_thread() const;
+  /// The same for a thread that holds a member's turn (a transaction it has
+  /// not ended): the turn it would wait for is its own. Under m_.
+  void refuse_if_turn_is_mine(std::unique_lock<std::mutex>& lock) const;
 
   /// `waiting_as`, when given, is set to what this thread waits on in line.
   void take_turn(std::unique_lock<std::mutex>& lock, std::shared_ptr<parker>* waiting_as = nullptr);
@@ -195,7 +198,8 @@ class single_writer {
   // line by pass_turn() is being given the connection; a waiter that gave up
   // takes itself off.
   std::deque<std::shared_ptr<parker>> line_;
-  bool taken_ = false;  // a member (or exclusively()) has the connection
+  bool taken_ = false;           // a member (or exclusively()) has the connection
+  std::thread::id turn_holder_;  // the thread member's, while it has it
   // What members of the open batch sleep on until it finishes: one for the
   // whole batch, woken once (notify_all) when it finishes. Only one batch at
   // a time has members waiting (the next one opens after it finished), so a
