@@ -10,6 +10,7 @@
 #include <atomic>
 #include <boost/beast/http.hpp>
 #include <cerrno>
+#include <functional>
 #include <future>
 #include <latch>
 #include <mutex>
@@ -52,6 +53,17 @@ class Middleware : public testing::Test {
     r.set(http::field::content_type, type);
     r.body() = body;
     return r;
+  }
+
+  // Runs one request through the one-lambda form and waits for the answer.
+  static http_response call_answering(
+      middleware& mw, http_request req,
+      const std::function<http_response(const attempt&, const http_request&)>& answer) {
+    std::promise<http_response> answered;
+    mw.handle(
+        std::move(req), [&](http_response r) { answered.set_value(std::move(r)); },
+        [&](const attempt& a, const http_request& r) { return answer(a, r); });
+    return answered.get_future().get();
   }
 
   // Runs one request through the middleware and waits for the answer.
@@ -291,19 +303,15 @@ TEST_F(Middleware, FramingHeadersOfAHandlersAnswerAreNeitherRecordedNorSent) {
   auto mw = make(pool);
   std::atomic<int> calls{0};
   auto send = [&](const std::string& key) {
-    std::promise<http_response> answer;
-    mw.handle(
-        post(key, "100"), [&](http_response r) { answer.set_value(std::move(r)); },
-        [&](const attempt&, const http_request&) {
-          ++calls;
-          http_response res{http::status::created, 11};
-          res.set(http::field::content_type, "application/json");
-          res.set(http::field::transfer_encoding, "chunked");  // as the bank's parser left it
-          res.set(http::field::connection, "keep-alive");
-          res.body() = R"({"charged":true})";
-          return res;
-        });
-    return answer.get_future().get();
+    return call_answering(mw, post(key, "100"), [&](const attempt&, const http_request&) {
+      ++calls;
+      http_response res{http::status::created, 11};
+      res.set(http::field::content_type, "application/json");
+      res.set(http::field::transfer_encoding, "chunked");  // as the bank's parser left it
+      res.set(http::field::connection, "keep-alive");
+      res.body() = R"({"charged":true})";
+      return res;
+    });
   };
   for (const bool replay : {false, true}) {
     const auto res = send("framed");
