@@ -47,10 +47,10 @@ request_text text_of(const http_request& req, const std::vector<std::string>& he
 // recorded and sent with the first answer and every replay, as if they were
 // this server's (prepare_payload() happened to drop a chunked encoding).
 bool framing_header(std::string_view name) {
-  static constexpr std::array<std::string_view, 8> names = {"Content-Length",   "Transfer-Encoding",
-                                                            "Connection",       "Keep-Alive",
-                                                            "Proxy-Connection", "TE",
-                                                            "Trailer",          "Upgrade"};
+  // Not Upgrade: a 426 must carry it (RFC 9110, 15.5.22).
+  static constexpr std::array<std::string_view, 7> names = {
+      "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection", "TE",
+      "Trailer"};
   const auto same = [&](std::string_view n) {
     return n.size() == name.size() &&
            std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {

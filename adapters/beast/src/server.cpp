@@ -147,7 +147,7 @@ class session : public std::enable_shared_from_this<session> {
   session(tcp::socket&& socket, std::shared_ptr<server::impl> owner)
       : owner_(std::move(owner)),
         stream_(std::move(socket)),
-        buffer_(owner_->options.header_limit + beast_read_size) {}
+        buffer_(owner_->options.header_limit + beast_read_size) {}  // at most 128 KiB
   session(const session&) = delete;
   session& operator=(const session&) = delete;
   ~session() { owner_->session_closed(); }
@@ -480,6 +480,14 @@ void server::impl::session_closed() {
 }
 
 server::server(server_options options, handler h) : impl_(std::make_shared<impl>()) {
+  // Beast 1.74 keeps a header field's name and value lengths in 16 bits and
+  // throws std::length_error from inside the parser for a longer one, which
+  // ended the process from the io thread (found while testing a large
+  // header_limit). Within this limit no field can be that long.
+  if (options.header_limit == 0 || options.header_limit > max_header_limit) {
+    throw config_error("server: header_limit must be 1 to " + std::to_string(max_header_limit) +
+                       " bytes (Beast holds no longer header field)");
+  }
   impl_->options = std::move(options);
   impl_->on_request = std::move(h);
   boost::beast::error_code ec;

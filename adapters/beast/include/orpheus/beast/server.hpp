@@ -52,6 +52,8 @@
 #include <memory>
 #include <string>
 
+#include "orpheus/error.hpp"
+
 namespace orpheus::beast {
 
 using http_request = boost::beast::http::request<boost::beast::http::string_body>;
@@ -59,10 +61,15 @@ using http_response = boost::beast::http::response<boost::beast::http::string_bo
 using responder = std::function<void(http_response)>;
 using handler = std::function<void(http_request&&, responder)>;
 
+/// The largest server_options::header_limit: Beast 1.74 holds no header
+/// field longer than 65,535 bytes.
+inline constexpr std::size_t max_header_limit = 65535;
+
 struct server_options {
   std::string address = "127.0.0.1";
   unsigned short port = 0;  ///< 0: any free port (see server::port())
   std::size_t io_threads = 1;
+  /// 1 to max_header_limit (config_error otherwise).
   std::size_t header_limit = std::size_t{8} * 1024;
   std::size_t body_limit = std::size_t{64} * 1024;
   /// Connections served at once; 0: no cap. Keep it below the process's
@@ -106,7 +113,8 @@ http_response make_response(unsigned status, std::string body,
 
 class server {
  public:
-  /// Binds and listens at once; throws std::runtime_error when it cannot.
+  /// Binds and listens at once; throws std::runtime_error when it cannot,
+  /// and config_error for a header_limit out of range.
   server(server_options options, handler h);
   server(const server&) = delete;
   server& operator=(const server&) = delete;
