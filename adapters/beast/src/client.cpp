@@ -132,10 +132,7 @@ transport_error failure(const std::string& where, stage s, const error_code& ec)
   // client helper took a request that never left for one that may have).
   if (s == stage::lookup || s == stage::connect) {
     return {transport_error::kind::connect,
-            is_timeout(ec) ? what +
-                                 " (the deadline passed before a connection was made; "
-                                 "nothing was sent)"
-                           : what};
+            is_timeout(ec) ? what + " (the deadline passed before a connection was made)" : what};
   }
   if (is_timeout(ec)) return {transport_error::kind::timeout, what};
   return {transport_error::kind::closed, what};
@@ -381,8 +378,12 @@ net::awaitable<http_response> http_client::impl::call(http_endpoint to, http_req
   // first may have been acted on.
   bool sent_whole = how == fallback::sent_before;
   const auto in_doubt_once_sent = [&](const transport_error& e) {
+    // The text says so too (found in review: it read as if nothing left).
     return sent_whole && e.error_kind() == transport_error::kind::connect
-               ? transport_error(transport_error::kind::closed, e.what())
+               ? transport_error(transport_error::kind::closed,
+                                 "sent whole once, on a connection that closed with no answer "
+                                 "(it may have been acted on); sending it again failed: " +
+                                     std::string(e.what()))
                : e;
   };
 
