@@ -516,9 +516,10 @@ TEST_P(Steps, AKeptStepRefNamesItsOwnStepAndExceptionsFollowTheManagersPolicy) {
     return bank.call("authorise", a);
   });
   auto capture = f.step("capture", [&](const attempt& a, const order&, const step_results&) {
-    // An HTTP client's timeout as a plain exception: retryable by the
-    // manager's config::unclassified, so nothing is undone.
-    if (timeouts++ == 0) throw std::runtime_error("read timed out");
+    // A refused connection (nothing sent) as a plain exception: retryable by
+    // the manager's config::unclassified, so nothing is undone. (A call that
+    // may still land throws class in_doubt instead: unclassified_policy.)
+    if (timeouts++ == 0) throw std::runtime_error("connection refused");
     return bank.call("capture", a);
   });
   f.step("notify", [&](const attempt& a, const order&, const step_results&) {
@@ -618,7 +619,7 @@ TEST_P(Steps, TheFlowsUnclassifiedPolicyWinsOverTheManagers) {
     auto f = flow_of(bank, {"authorise", "capture"}, 1, {"authorise"});
     int throws = 0;
     f.step("notify", [&](const attempt& a, const order&, const step_results&) {
-      if (throws++ == 0) throw std::runtime_error("read timed out");
+      if (throws++ == 0) throw std::runtime_error("connection refused");
       return bank.call("notify", a);
     });
     f.unclassified(flow_retries ? unclassified_policy::retryable
