@@ -209,6 +209,10 @@ TEST_P(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
   EXPECT_EQ(two_keys.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << two_keys.status.error_message();
   EXPECT_FALSE(orpheus::grpc::may_retry(two_keys.status));
+  // Two entries that join into one quoted key (found in review).
+  const auto joined = call("\"ab", 100, kKey, "cd\"");
+  EXPECT_EQ(joined.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << joined.status.error_message();
   const auto bad_amount = call("k2", 0);
   EXPECT_EQ(bad_amount.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(ledger()["charges"], 0);
@@ -219,6 +223,32 @@ TEST_P(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
   EXPECT_EQ(mismatch.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_FALSE(orpheus::grpc::may_retry(mismatch.status));
   EXPECT_EQ(ledger()["charges"], 1);
+}
+
+// Found in review: a recorded final 409 (a payment an operator cancelled)
+// or 429 was replayed as ABORTED or RESOURCE_EXHAUSTED, which clients read
+// as "retry"; and a RetryInfo delay was read unchecked.
+TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
+  for (const int status : {409, 429}) {
+    const auto s = orpheus::grpc::status_of_recorded(orpheus::response{
+        status, {}, R"({"code":"request_cancelled","detail":"cancelled","retryable":false})"});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status;
+    EXPECT_FALSE(orpheus::grpc::may_retry(s)) << status;
+    // Without the ErrorInfo (a client that reads only the code).
+    EXPECT_FALSE(orpheus::grpc::may_retry(grpc::Status(s.error_code(), ""))) << status;
+  }
+  const auto busy = orpheus::grpc::status_of_recorded(
+      orpheus::response{409, {}, R"({"code":"in_progress","retryable":true})"});
+  EXPECT_EQ(busy.error_code(), grpc::StatusCode::ABORTED);
+  using ms = std::chrono::milliseconds;
+  const auto delay_of = [](ms after) {
+    return orpheus::grpc::retry_delay_of(orpheus::grpc::status_of(
+        orpheus::error_info::of(orpheus::error_class::unavailable, "x", "y")
+            .with_retry_after(after)));
+  };
+  EXPECT_EQ(delay_of(ms(1500)), ms(1500));
+  EXPECT_EQ(delay_of(ms(-5000)), ms(0));
+  EXPECT_EQ(delay_of(ms::max()), ms(std::int64_t{24} * 3600 * 1000));
 }
 
 // A call whose key is held by another in flight is ABORTED, retryable, with

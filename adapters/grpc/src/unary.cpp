@@ -4,6 +4,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -55,7 +57,12 @@ StatusCode code_of(const error_info& e) {
 }
 
 // The code for a failure recorded in its HTTP form, by its HTTP status.
+// ABORTED and RESOURCE_EXHAUSTED only when the record says to retry (found in
+// review: a payment an operator cancelled, recorded 409 request_cancelled,
+// was replayed as ABORTED, which gRPC's guidance and may_retry()'s fallback
+// read as "retry", at a higher level too: under a new key).
 StatusCode code_of_recorded(int status, bool retryable) {
+  if ((status == 409 || status == 429) && !retryable) return StatusCode::FAILED_PRECONDITION;
   switch (status) {
     case 400:
       return StatusCode::INVALID_ARGUMENT;
@@ -158,8 +165,13 @@ std::optional<std::chrono::milliseconds> retry_delay_of(const ::grpc::Status& s)
   for (const auto& any : details.details()) {
     google::rpc::RetryInfo retry;
     if (any.UnpackTo(&retry)) {
-      return std::chrono::milliseconds(retry.retry_delay().seconds() * 1000 +
-                                       retry.retry_delay().nanos() / 1000000);
+      // 0 to 24 h (found in review: a huge delay overflowed, a negative one
+      // went through; the server gives one when an in-doubt hold just ended).
+      constexpr std::int64_t day_s = 24 * 3600;
+      const std::int64_t secs = std::clamp<std::int64_t>(retry.retry_delay().seconds(), 0, day_s);
+      const std::int64_t ms =
+          secs * 1000 + std::clamp(retry.retry_delay().nanos(), 0, 999'999'999) / 1'000'000;
+      return std::chrono::milliseconds(std::min(ms, day_s * 1000));
     }
   }
   return std::nullopt;
@@ -202,6 +214,16 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
   const std::string body = bytes_of(request);
   const request_text text{"POST", method, "application/x-protobuf", body, {}};
   const std::optional<std::string> key = metadata(*ctx, options_.key_metadata);
+  // Two entries are two keys, whatever they hold (found in review: '"ab' and
+  // 'cd"', joined, read as the one quoted key 'ab, cd').
+  const auto [first_key, after_keys] = ctx->client_metadata().equal_range(
+      ::grpc::string_ref(options_.key_metadata.data(), options_.key_metadata.size()));
+  if (std::distance(first_key, after_keys) > 1) {
+    reactor->Finish(status_of(error_info::of(
+        error_class::invalid_input, codes::invalid_key,
+        "the " + options_.key_metadata + " metadata was sent more than once: send one key")));
+    return reactor;
+  }
   auto who = identify(
       text, key, [&] { return options_.scope(*ctx); },
       identify_options{options_.key_metadata, true, 64});
