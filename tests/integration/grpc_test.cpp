@@ -14,7 +14,10 @@
 
 #include "orpheus/beast/client.hpp"
 #include "orpheus/grpc/unary.hpp"
+#include "orpheus/manager.hpp"
+#include "orpheus/work_pool.hpp"
 #include "payments.grpc.pb.h"
+#include "payments_grpc/service.hpp"
 #include "support/backends.hpp"
 #include "support/process.hpp"
 
@@ -249,6 +252,75 @@ TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
   EXPECT_EQ(delay_of(ms(1500)), ms(1500));
   EXPECT_EQ(delay_of(ms(-5000)), ms(0));
   EXPECT_EQ(delay_of(ms::max()), ms(std::int64_t{24} * 3600 * 1000));
+}
+
+// A bank in the test's process: charges once per key.
+class counting_bank final : public orpheus::payment::gateway {
+ public:
+  std::atomic<int> charges{0};
+  orpheus::payment::gateway_answer charge(const orpheus::payment::charge_request&,
+                                          const std::string& key,
+                                          std::chrono::milliseconds) override {
+    ++charges;
+    return {orpheus::payment::gateway_status::charged, "ch_" + key, ""};
+  }
+  orpheus::payment::gateway_answer status(const std::string&, std::chrono::milliseconds) override {
+    return {orpheus::payment::gateway_status::not_found, "", ""};
+  }
+};
+
+// Found in review: what the scope function (or the request's serialising)
+// threw on gRPC's thread left the call's reactor unfinished and went into
+// gRPC. The call is finished with a status, nothing runs, and the server
+// goes on serving and shuts down.
+TEST(GrpcInProcess, AScopeFunctionThatThrowsFinishesTheCallAndTheServerGoesOn) {
+  auto store = orpheus::test::make_store("sqlite");
+  ASSERT_TRUE(store);
+  {
+    auto t = store->begin_on_shard(0);
+    t->execute(
+        "CREATE TABLE payments (id TEXT PRIMARY KEY, client TEXT, amount INTEGER, currency "
+        "TEXT, customer TEXT, state TEXT, charge_id TEXT)");
+    t->commit();
+  }
+  orpheus::manager m(*store);
+  orpheus::work_pool pool(2, 16);
+  std::atomic<int> scopes{0};
+  orpheus::grpc::idempotent_unary idem(
+      m, pool, {.scope = [&](const grpc::CallbackServerContext&) -> std::optional<std::string> {
+        if (scopes++ == 0) throw std::runtime_error("the auth context cannot be read");
+        return "client:m1";
+      }});
+  counting_bank bank;
+  examples::payments_grpc::payments_service service(idem, bank);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server);
+  ASSERT_NE(port, 0);
+  const auto stub = payments::v1::Payments::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  const auto pay = [&] {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("idempotency-key", "k1");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    payments::v1::CreatePaymentRequest req;
+    req.set_amount(100);
+    req.set_currency("EUR");
+    req.set_customer("cus_1");
+    payments::v1::Payment reply;
+    return stub->CreatePayment(&ctx, req, &reply);
+  };
+  const grpc::Status failed = pay();
+  EXPECT_EQ(failed.error_code(), grpc::StatusCode::INTERNAL) << failed.error_message();
+  EXPECT_EQ(bank.charges, 0);
+  const grpc::Status ok = pay();
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(bank.charges, 1);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pool.drain();
 }
 
 // A call whose key is held by another in flight is ABORTED, retryable, with

@@ -167,7 +167,7 @@ std::optional<std::chrono::milliseconds> retry_delay_of(const ::grpc::Status& s)
     if (any.UnpackTo(&retry)) {
       // 0 to 24 h (found in review: a huge delay overflowed, a negative one
       // went through; the server gives one when an in-doubt hold just ended).
-      constexpr std::int64_t day_s = 24 * 3600;
+      constexpr std::int64_t day_s = std::int64_t{24} * 3600;
       const std::int64_t secs = std::clamp<std::int64_t>(retry.retry_delay().seconds(), 0, day_s);
       const std::int64_t ms =
           secs * 1000 + std::clamp(retry.retry_delay().nanos(), 0, 999'999'999) / 1'000'000;
@@ -211,27 +211,40 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
                                                     google::protobuf::MessageLite* reply,
                                                     runner run) {
   ::grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const std::string body = bytes_of(request);
-  const request_text text{"POST", method, "application/x-protobuf", body, {}};
-  const std::optional<std::string> key = metadata(*ctx, options_.key_metadata);
-  // Two entries are two keys, whatever they hold (found in review: '"ab' and
-  // 'cd"', joined, read as the one quoted key 'ab, cd').
-  const auto [first_key, after_keys] = ctx->client_metadata().equal_range(
-      ::grpc::string_ref(options_.key_metadata.data(), options_.key_metadata.size()));
-  if (std::distance(first_key, after_keys) > 1) {
-    reactor->Finish(status_of(error_info::of(
-        error_class::invalid_input, codes::invalid_key,
-        "the " + options_.key_metadata + " metadata was sent more than once: send one key")));
+  // Who calls, under which key: on gRPC's thread, before any job. What
+  // throws here (the scope function, a request that does not serialise)
+  // finishes the call (found in review: it left the reactor unfinished and
+  // went into gRPC's handler).
+  std::optional<request_id> identified;
+  try {
+    const std::string body = bytes_of(request);
+    const request_text text{"POST", method, "application/x-protobuf", body, {}};
+    // Two entries are two keys, whatever they hold (found in review: '"ab'
+    // and 'cd"', joined, read as the one quoted key 'ab, cd').
+    const auto [first_key, after_keys] = ctx->client_metadata().equal_range(
+        ::grpc::string_ref(options_.key_metadata.data(), options_.key_metadata.size()));
+    if (std::distance(first_key, after_keys) > 1) {
+      reactor->Finish(status_of(error_info::of(
+          error_class::invalid_input, codes::invalid_key,
+          "the " + options_.key_metadata + " metadata was sent more than once: send one key")));
+      return reactor;
+    }
+    auto who = identify(
+        text, metadata(*ctx, options_.key_metadata), [&] { return options_.scope(*ctx); },
+        identify_options{options_.key_metadata, true, 64});
+    if (auto* refused = std::get_if<error_info>(&who)) {
+      reactor->Finish(status_of(*refused));
+      return reactor;
+    }
+    identified = std::get<identity>(std::move(who)).id;
+  } catch (...) {
+    const error_info e = classify(std::current_exception(), unclassified_policy::non_retryable);
+    log(log_level::error, "orpheus::grpc: " + std::string(method) + ": " + e.code + ": " +
+                              (e.internal.empty() ? e.message : e.internal));
+    reactor->Finish(status_of(e));
     return reactor;
   }
-  auto who = identify(
-      text, key, [&] { return options_.scope(*ctx); },
-      identify_options{options_.key_metadata, true, 64});
-  if (auto* refused = std::get_if<error_info>(&who)) {
-    reactor->Finish(status_of(*refused));
-    return reactor;
-  }
-  const request_id id = std::get<identity>(std::move(who)).id;
+  const request_id id = std::move(*identified);
   const bool queued = pool_.try_submit([ctx, reactor, reply, id, run = std::move(run)] {
     try {
       answer(ctx, reactor, reply, id, run(id, process_options{}));
