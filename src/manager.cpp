@@ -577,25 +577,29 @@ response manager::run_observed(const request_id& id, const detail::phases& p,
   }
 }
 
+void validate(const process_options& o) {
+  // Found in review: milliseconds::max() ("until done") overflowed the
+  // clock, and a negative wait was taken for none.
+  if (o.wait_for < 0ms || o.wait_for > std::chrono::hours(24)) {
+    throw config_error("process_options::wait_for must be 0 to 24 hours");
+  }
+  if (o.retention) {
+    if (*o.retention < 0ms) throw config_error("process_options::retention is negative");
+    // Found in review: "forever" (milliseconds::max()) overflowed in micros(),
+    // and a record's retention is added to the clock by later writes too.
+    if (*o.retention > detail::longest_duration) {
+      throw config_error("process_options::retention must be at most 100 years");
+    }
+  }
+}
+
 response manager::run_unobserved(const request_id& id, const detail::phases& p,
                                  const process_options& options, const detail::run_context& ctx) {
   validate(id);  // bad input: before any database work
-  // Found in review: milliseconds::max() ("until done") overflowed the
-  // clock, and a negative wait was taken for none.
-  if (options.wait_for < 0ms || options.wait_for > std::chrono::hours(24)) {
-    throw config_error("process_options::wait_for must be 0 to 24 hours");
-  }
+  validate(options);
   const auto wait_until = clock::now() + options.wait_for;
   lease_terms terms = detail::terms_of(config_);
-  if (options.retention) {
-    if (*options.retention < 0ms) throw config_error("process_options::retention is negative");
-    // Found in review: "forever" (milliseconds::max()) overflowed in micros(),
-    // and a record's retention is added to the clock by later writes too.
-    if (*options.retention > detail::longest_duration) {
-      throw config_error("process_options::retention must be at most 100 years");
-    }
-    terms.retention_us = micros(*options.retention);
-  }
+  if (options.retention) terms.retention_us = micros(*options.retention);
   auto poll = 5ms;
 
   // 0. A terminal record this process read before (config::replay_cache_bytes).

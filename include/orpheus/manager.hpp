@@ -198,6 +198,10 @@ struct process_options {
   std::optional<std::chrono::milliseconds> retention{};
 };
 
+/// Throws config_error for process_options out of range (the bounds above).
+/// process() checks them before any database work.
+void validate(const process_options& o);
+
 /// The result of the RPC phase as Post-RPC sees it: a value, or a classified
 /// error. The RPC may return T, return outcome<T>, or throw.
 template <class T>

@@ -1,7 +1,6 @@
 #include "orpheus/beast/middleware.hpp"
 
 #include <algorithm>
-#include <array>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
@@ -48,17 +47,18 @@ request_text text_of(const http_request& req, const std::vector<std::string>& he
 // this server's (prepare_payload() happened to drop a chunked encoding).
 bool framing_header(std::string_view name) {
   // Not Upgrade: a 426 must carry it (RFC 9110, 15.5.22).
-  static constexpr std::array<std::string_view, 7> names = {
-      "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Proxy-Connection", "TE",
-      "Trailer"};
-  const auto same = [&](std::string_view n) {
-    return n.size() == name.size() &&
-           std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
-             return std::tolower(static_cast<unsigned char>(a)) ==
-                    std::tolower(static_cast<unsigned char>(b));
-           });
-  };
-  return std::any_of(names.begin(), names.end(), same);
+  switch (http::string_to_field(boost::beast::string_view(name.data(), name.size()))) {
+    case http::field::content_length:
+    case http::field::transfer_encoding:
+    case http::field::connection:
+    case http::field::keep_alive:
+    case http::field::proxy_connection:
+    case http::field::te:
+    case http::field::trailer:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -145,10 +145,7 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
         options_.www_authenticate + (has_params ? ", " : " ") + R"(error="invalid_token")";
   }
   if (options_.key_header.empty()) throw config_error("middleware: key_header is empty");
-  if (options_.wait.wait_for < std::chrono::milliseconds(0) ||
-      options_.wait.wait_for > std::chrono::hours(24)) {
-    throw config_error("middleware: wait.wait_for must be 0 to 24 hours");
-  }
+  validate(options_.wait);  // what process() would refuse on every request
   // Found in review: a retention here applied to every keyed request, past
   // validate(config)'s check that records outlive the retry window (a
   // record purged while its client may still retry runs again: a second

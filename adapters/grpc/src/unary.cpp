@@ -18,8 +18,9 @@ namespace {
 
 using ::grpc::StatusCode;
 
-// Every value of `name`, joined with ", " as HTTP/2 may carry them: the
-// core refuses a list of keys (a retry must not run under another key).
+// Every value of `name`, joined with ", " as HTTP/2 may carry them (for
+// authorization: two tokens never read as one). The key is read by start(),
+// which refuses two entries whatever they hold.
 std::optional<std::string> metadata(const ::grpc::CallbackServerContext& ctx,
                                     std::string_view name) {
   std::optional<std::string> value;
@@ -229,8 +230,10 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
           "the " + options_.key_metadata + " metadata was sent more than once: send one key")));
       return reactor;
     }
+    std::optional<std::string> key;
+    if (first_key != after_keys) key.emplace(first_key->second.data(), first_key->second.size());
     auto who = identify(
-        text, metadata(*ctx, options_.key_metadata), [&] { return options_.scope(*ctx); },
+        text, key, [&] { return options_.scope(*ctx); },
         identify_options{options_.key_metadata, true, 64});
     if (auto* refused = std::get_if<error_info>(&who)) {
       reactor->Finish(status_of(*refused));
