@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "error_details_copy.pb.h"  // tests/integration/googleapis
+#include "google/rpc/status.pb.h"   // googleapis' own
 #include "orpheus/beast/client.hpp"
 #include "orpheus/grpc/unary.hpp"
 #include "orpheus/manager.hpp"
@@ -252,6 +254,61 @@ TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
   EXPECT_EQ(delay_of(ms(1500)), ms(1500));
   EXPECT_EQ(delay_of(ms(-5000)), ms(0));
   EXPECT_EQ(delay_of(ms::max()), ms(std::int64_t{24} * 3600 * 1000));
+}
+
+// Found in review: the adapter compiled its own google/rpc/status.proto in
+// googleapis' package, so a service that also links googleapis' generated
+// google.rpc.Status (as this binary does) failed to link: two definitions.
+// The adapter's copies now live in a package of its own and are packed under
+// googleapis' type names: googleapis' Status reads what it sends, and its
+// readers read what googleapis' types send.
+TEST(GrpcStatus, GoogleapisOwnStatusReadsTheDetailsAndLinksBesideTheAdapter) {
+  const auto sent =
+      orpheus::grpc::status_of(orpheus::error_info::of(orpheus::error_class::unavailable,
+                                                       "storage_unavailable", "the store is down")
+                                   .with_retry_after(std::chrono::milliseconds(2500)));
+  google::rpc::Status details;
+  ASSERT_TRUE(details.ParseFromString(sent.error_details()));
+  EXPECT_EQ(details.code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(details.message(), "the store is down");
+  ASSERT_EQ(details.details_size(), 2);
+  EXPECT_EQ(details.details(0).type_url(), "type.googleapis.com/google.rpc.ErrorInfo");
+  client_copy::ErrorInfo info;
+  ASSERT_TRUE(info.ParseFromString(details.details(0).value()));
+  EXPECT_EQ(info.reason(), "storage_unavailable");
+  EXPECT_EQ(info.domain(), "orpheus");
+  EXPECT_EQ(info.metadata().at("retryable"), "true");
+  EXPECT_EQ(details.details(1).type_url(), "type.googleapis.com/google.rpc.RetryInfo");
+  client_copy::RetryInfo retry;
+  ASSERT_TRUE(retry.ParseFromString(details.details(1).value()));
+  EXPECT_EQ(retry.retry_delay().seconds(), 2);
+  EXPECT_EQ(retry.retry_delay().nanos(), 500'000'000);
+
+  // Details as another Orpheus-aware server might send them, googleapis'
+  // Status with the details under googleapis' type URLs: the adapter's
+  // readers read them.
+  google::rpc::Status theirs;
+  theirs.set_code(static_cast<int>(grpc::StatusCode::ABORTED));
+  client_copy::ErrorInfo final_answer;
+  final_answer.set_reason("request_cancelled");
+  final_answer.set_domain("orpheus");
+  (*final_answer.mutable_metadata())["retryable"] = "false";
+  auto* any = theirs.add_details();
+  any->set_type_url("type.googleapis.com/google.rpc.ErrorInfo");
+  any->set_value(final_answer.SerializeAsString());
+  client_copy::RetryInfo wait;
+  wait.mutable_retry_delay()->set_seconds(3);
+  any = theirs.add_details();
+  any->set_type_url("type.googleapis.com/google.rpc.RetryInfo");
+  any->set_value(wait.SerializeAsString());
+  const grpc::Status received(grpc::StatusCode::ABORTED, "cancelled", theirs.SerializeAsString());
+  EXPECT_FALSE(orpheus::grpc::may_retry(received));  // the ErrorInfo, not ABORTED, decides
+  EXPECT_EQ(orpheus::grpc::retry_delay_of(received), std::chrono::milliseconds(3000));
+  // Another domain's ErrorInfo is not the server's word: the code decides.
+  final_answer.set_domain("example.com");
+  theirs.mutable_details(0)->set_value(final_answer.SerializeAsString());
+  EXPECT_TRUE(orpheus::grpc::may_retry(
+      grpc::Status(grpc::StatusCode::ABORTED, "cancelled", theirs.SerializeAsString())));
 }
 
 // A bank in the test's process: charges once per key.

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "google/rpc/status.pb.h"
+#include "orpheus/grpc/google_rpc.pb.h"  // generated: the adapter's own copy
 #include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
 
@@ -84,23 +84,45 @@ StatusCode code_of_recorded(int status, bool retryable) {
   return StatusCode::FAILED_PRECONDITION;
 }
 
+// googleapis' type URLs: the adapter's copies of the messages are in a
+// package of their own (so that a service may link googleapis' beside them),
+// and are packed and read under googleapis' names, as clients expect them.
+constexpr std::string_view error_info_type = "type.googleapis.com/google.rpc.ErrorInfo";
+constexpr std::string_view retry_info_type = "type.googleapis.com/google.rpc.RetryInfo";
+
+void pack(google_rpc::Status& status, std::string_view type_url,
+          const google::protobuf::MessageLite& message) {
+  auto* any = status.add_details();
+  any->set_type_url(std::string(type_url));
+  any->set_value(message.SerializeAsString());
+}
+
+/// Whether `any` holds the message `type_url` names. An Any's type is the
+/// name after its URL's last '/', whatever the host before it.
+bool holds(const google::protobuf::Any& any, std::string_view type_url) {
+  const std::string_view name = type_url.substr(type_url.rfind('/') + 1);
+  const std::string_view url = any.type_url();
+  const auto slash = url.rfind('/');
+  return slash != std::string_view::npos && url.substr(slash + 1) == name;
+}
+
 ::grpc::Status with_details(StatusCode code, const std::string& message, std::string_view reason,
                             bool retryable, bool in_doubt,
                             std::optional<std::chrono::milliseconds> retry_after) {
-  google::rpc::Status details;
+  google_rpc::Status details;
   details.set_code(static_cast<int>(code));
   details.set_message(message);
-  google::rpc::ErrorInfo info;
+  google_rpc::ErrorInfo info;
   info.set_reason(std::string(reason));
   info.set_domain("orpheus");
   (*info.mutable_metadata())["retryable"] = retryable ? "true" : "false";
   if (in_doubt) (*info.mutable_metadata())["in_doubt"] = "true";
-  details.add_details()->PackFrom(info);
+  pack(details, error_info_type, info);
   if (retry_after) {
-    google::rpc::RetryInfo retry;
+    google_rpc::RetryInfo retry;
     retry.mutable_retry_delay()->set_seconds(retry_after->count() / 1000);
     retry.mutable_retry_delay()->set_nanos(static_cast<int>(retry_after->count() % 1000) * 1000000);
-    details.add_details()->PackFrom(retry);
+    pack(details, retry_info_type, retry);
   }
   return {code, message, details.SerializeAsString()};
 }
@@ -138,11 +160,12 @@ scope_function bearer_scope(api_keys keys, std::string prefix) {
 }
 
 bool may_retry(const ::grpc::Status& s) {
-  google::rpc::Status details;
+  google_rpc::Status details;
   if (!s.error_details().empty() && details.ParseFromString(s.error_details())) {
     for (const auto& any : details.details()) {
-      google::rpc::ErrorInfo info;
-      if (any.UnpackTo(&info) && info.domain() == "orpheus") {
+      google_rpc::ErrorInfo info;
+      if (holds(any, error_info_type) && info.ParseFromString(any.value()) &&
+          info.domain() == "orpheus") {
         return info.metadata().count("retryable") != 0 && info.metadata().at("retryable") == "true";
       }
     }
@@ -159,13 +182,13 @@ bool may_retry(const ::grpc::Status& s) {
 }
 
 std::optional<std::chrono::milliseconds> retry_delay_of(const ::grpc::Status& s) {
-  google::rpc::Status details;
+  google_rpc::Status details;
   if (s.error_details().empty() || !details.ParseFromString(s.error_details())) {
     return std::nullopt;
   }
   for (const auto& any : details.details()) {
-    google::rpc::RetryInfo retry;
-    if (any.UnpackTo(&retry)) {
+    google_rpc::RetryInfo retry;
+    if (holds(any, retry_info_type) && retry.ParseFromString(any.value())) {
       // 0 to 24 h (found in review: a huge delay overflowed, a negative one
       // went through; the server gives one when an in-doubt hold just ended).
       constexpr std::int64_t day_s = std::int64_t{24} * 3600;
