@@ -5,7 +5,7 @@
 # COMPONENTS: the components the build made, comma-separated (core,sqlite,...).
 set -euo pipefail
 src=$1 build=$2 built=$3
-work=$(mktemp -d /tmp/orpheus-install.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/orpheus-install.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
