@@ -14,10 +14,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -79,6 +82,7 @@ class child_process {
   }
 
   void signal(int sig) { ::kill(pid_, sig); }
+  [[nodiscard]] pid_t pid() const { return pid_; }
 
   void kill_hard() {
     ::kill(pid_, SIGKILL);
@@ -115,21 +119,35 @@ struct listening_process {
   }
 };
 
-/// A TCP port on loopback that nothing listens on (as the kernel found it
-/// free a moment ago).
+/// A TCP port on loopback that nothing listens on (as a bind found it free a
+/// moment ago), below the kernel's ephemeral range: a server restarted on it
+/// later cannot find it taken by a client's own connection (whose source
+/// port the kernel picks from that range; connecting to a port nothing
+/// listens on can even connect a socket to itself).
 inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    throw std::runtime_error("no free port");
+  int ephemeral_low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &ephemeral_low) != 1) ephemeral_low = 32768;
+    std::fclose(f);
   }
-  ::close(fd);
-  return ntohs(a.sin_port);
+  constexpr int low = 10000;
+  if (ephemeral_low <= low + 1000) throw std::runtime_error("no port range below the ephemeral");
+  std::random_device seed;
+  std::mt19937 pick(seed());
+  std::uniform_int_distribution<int> port(low, ephemeral_low - 1);
+  for (int tries = 0; tries < 200; ++tries) {
+    const int candidate = port(pick);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw std::runtime_error("socket");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(candidate));
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (bound) return candidate;
+  }
+  throw std::runtime_error("no free port");
 }
 
 /// Runs `scripts/mariadb VERB DIR [PORT]`: start (a server of the test's
