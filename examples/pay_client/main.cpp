@@ -27,14 +27,16 @@ Usage: pay_client --server URL --amount N [flags]
   --journal PATH      a SQLite key journal: the key is written there before
                       the first send, so a crashed client resumes with it
   --name NAME         the logical request's name in the journal (required
-                      with --journal)
+                      with --journal); once its answer settled it, the name
+                      is refused (exit 2, naming the key: send --key K
+                      without --journal to read the answer again)
   --attempts N        attempt cap (default 8)
   --deadline-ms N     overall deadline (default 90000, the library's: it
                       outlasts a lease take-over on a server with the
                       default 30 s lease; see docs/client.md)
 
 Prints the answer and how it was reached; exits 0 on a 2xx answer, 1 on any
-other answer, 2 on bad flags, 3 when it gave up without a final answer or
+other answer, 2 on bad flags or a refusal by the journal, 3 when it gave up without a final answer or
 when the answer does not say what became of an earlier attempt that may
 have gone through (a 401 after a lost answer, say): then run it again with
 the same key (the journal keeps it). With --key, or a key an earlier run

@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "orpheus/beast/detail/resolve.hpp"
@@ -603,6 +604,32 @@ TEST(Client, AListenerThatNeverAnswersEndsTheAttemptAtItsDeadline) {
   EXPECT_EQ(got->last_error, error_kind::network);
 }
 
+// Found in review: a call that stopped on its attempt cap right after a lost
+// answer said no attempt was in doubt, and the same request sent again and
+// answered 401 was settled(): the caller could take the 401 as final and pay
+// under a new key. The call now says its last attempt was in doubt, and the
+// request (and its copies) remember it for later sends.
+TEST(Client, AnAttemptInDoubtIsRememberedByTheRequestAcrossSends) {
+  scripted_server s({{0, {}, 0ms, true}, {401}, {401}});
+  client_options o;
+  o.policy.max_attempts = 1;
+  idempotent_client api(s.endpoint(), o);
+  const auto req = payment();
+  const auto lost = api.send(req);
+  EXPECT_EQ(lost.why, stop_reason::attempts_exhausted);
+  EXPECT_TRUE(lost.earlier_attempt_in_doubt) << "its one attempt went unanswered";
+  EXPECT_TRUE(req.resuming_earlier_run());
+  const auto refused = api.send(req);
+  ASSERT_TRUE(refused.response);
+  EXPECT_EQ(refused.response->result_int(), 401U);
+  EXPECT_FALSE(refused.settled()) << "a 401 does not say what became of the lost attempt";
+  const auto copy = req;  // the same logical request
+  EXPECT_FALSE(api.send(copy).settled());
+  const auto seen = s.seen();
+  ASSERT_EQ(seen.size(), 3U);
+  for (const auto& one : seen) EXPECT_EQ(one.first, req.key());
+}
+
 // Issue 7, defect 11: the client's defaults must work with the server's
 // (orpheus::config). They contradicted docs/client.md: a 30 s deadline equal
 // to the 30 s lease, a 10 s attempt timeout shorter than the 20 s RPC timeout.
@@ -736,6 +763,8 @@ TEST(Journal, KeepsTheKeyOfALogicalRequestAndRefusesAnotherPayload) {
   }
   sqlite_key_journal reopened(path.string());
   EXPECT_EQ(reopened.pending(), std::vector<std::string>{"order-1/pay"});
+  EXPECT_THROW(reopened.key_for("order-2/pay", "fp-1"), request_completed)
+      << "completed, and still so after a reopen";
   std::filesystem::remove(path);
 }
 
@@ -743,19 +772,27 @@ TEST(Journal, KeepsTheKeyOfALogicalRequestAndRefusesAnotherPayload) {
 class map_journal final : public key_journal {
  public:
   std::string key_for(std::string_view name, std::string_view) override {
+    if (completed_.count(std::string(name)) != 0) throw request_completed(std::string(name));
     auto [it, added] = keys_.try_emplace(std::string(name), "");
     if (added) it->second = new_idempotency_key();
     return it->second;
   }
-  void complete(std::string_view name) override { keys_.erase(std::string(name)); }
+  void complete(std::string_view name) override { completed_.insert(std::string(name)); }
+  void forget(std::string_view name) override {
+    keys_.erase(std::string(name));
+    completed_.erase(std::string(name));
+  }
   std::vector<std::string> pending() override {
     std::vector<std::string> out;
-    for (const auto& [name, key] : keys_) out.push_back(name);
+    for (const auto& [name, key] : keys_) {
+      if (completed_.count(name) == 0) out.push_back(name);
+    }
     return out;
   }
 
  private:
   std::map<std::string, std::string> keys_;
+  std::set<std::string> completed_;
 };
 
 // Found in review: with key_for() alone a caller could not tell a resumed
@@ -774,8 +811,12 @@ TEST(Journal, SaysWhetherAnEntryIsResumed) {
     EXPECT_EQ(again.key, first.key);
     EXPECT_EQ(j->key_for("order-1/pay", "fp-1"), first.key);
     j->complete("order-1/pay");
+    EXPECT_TRUE(j->pending().empty());
+    EXPECT_THROW((void)j->entry_for("order-1/pay", "fp-1"), request_completed)
+        << "a completed request is not started again under a new key";
+    j->forget("order-1/pay");  // the caller's decision: the name starts afresh
     const auto next = j->entry_for("order-1/pay", "fp-1");
-    EXPECT_FALSE(next.resumed) << "a completed request starts afresh";
+    EXPECT_FALSE(next.resumed);
     EXPECT_NE(next.key, first.key);
   }
   EXPECT_THROW(sqlite.entry_for("order-1/pay", "fp-2"), payload_changed);
@@ -828,6 +869,30 @@ TEST(Journal, AClientKilledMidRequestResumesWithTheSameKey) {
   EXPECT_EQ("key " + seen[1].first, first_key);
   sqlite_key_journal j((dir / "keys.db").string());
   EXPECT_TRUE(j.pending().empty()) << "completed after the final answer";
+  std::filesystem::remove_all(dir);
+}
+
+// Found in review: complete() deleted the entry, so the same command run
+// again (an orchestrator that restarts a step whose client died after
+// completing the entry and before printing the answer) paid again under a
+// new key. The completed entry now refuses the name and says which key
+// holds the answer.
+TEST(Journal, ACompletedRequestRunAgainIsRefusedNotPaidUnderANewKey) {
+  scripted_server s({}, {201});
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const auto argv = pay_client_argv(s.endpoint().port, dir, "order-12/pay");
+  test::child_process paid(argv);
+  const std::string key = paid.read_line(10s).value_or("");
+  ASSERT_EQ(key.rfind("key ", 0), 0U);
+  EXPECT_EQ(paid.read_line(10s).value_or(""), "status 201");
+  EXPECT_EQ(paid.wait(), 0);
+  test::child_process again(argv, /*with_stderr=*/true);
+  const std::string refusal = again.read_line(10s).value_or("");
+  EXPECT_NE(refusal.find("was completed"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find(key.substr(4)), std::string::npos) << "names the key: " << refusal;
+  EXPECT_EQ(again.wait(), 2);
+  EXPECT_EQ(s.seen().size(), 1U) << "nothing sent again";
   std::filesystem::remove_all(dir);
 }
 

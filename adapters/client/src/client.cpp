@@ -36,7 +36,7 @@ http_request prepared_request::message(const std::string& key_header) const {
 }
 
 retry_loop::retry_loop(const client_options& o, const prepared_request& req)
-    : o_(o), started_(o.time.now()), rng_(std::random_device{}()) {
+    : o_(o), req_(req), started_(o.time.now()), rng_(std::random_device{}()) {
   result_.key = req.key();
   result_.earlier_attempt_in_doubt = req.resuming_earlier_run();
 }
@@ -90,6 +90,19 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     o_.budget->on_success();
     return stop(stop_reason::answered);
   }
+  // Did this attempt leave the request in doubt? Nothing reached the server
+  // on a failed connect, and a 408 or a 429 says it did not act. Recorded
+  // before any stop (found in review: a call that stopped here on its
+  // attempt cap said nothing was in doubt, and the request, sent again and
+  // answered 401, was settled()), and in the request, for its later sends.
+  const bool arrived =
+      info.status != 0
+          ? info.kind == error_kind::conflict || info.kind == error_kind::server
+          : may_have_arrived(failure ? failure->error_kind() : transport_failure::closed);
+  if (arrived) {
+    result_.earlier_attempt_in_doubt = true;
+    req_.may_have_been_sent();
+  }
   if (result_.attempts >= o_.policy.max_attempts) return stop(stop_reason::attempts_exhausted);
   const double r =
       o_.time.random01 ? o_.time.random01() : std::uniform_real_distribution<>(0, 1)(rng_);
@@ -102,13 +115,6 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     info.wait = std::chrono::milliseconds(0);
     return stop(stop_reason::budget_exhausted);
   }
-  // Retried: did this attempt leave the request in doubt? Nothing reached
-  // the server on a failed connect, and a 408 or a 429 says it did not act.
-  const bool arrived =
-      info.status != 0
-          ? info.kind == error_kind::conflict || info.kind == error_kind::server
-          : may_have_arrived(failure ? failure->error_kind() : transport_failure::closed);
-  if (arrived) result_.earlier_attempt_in_doubt = true;
   if (o_.on_attempt) o_.on_attempt(info);
   return info.wait;
 }

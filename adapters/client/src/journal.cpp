@@ -22,9 +22,10 @@ struct sqlite_key_journal::impl {
     }
   }
 
-  // Runs one statement with text parameters; returns the first column of
-  // each row.
-  std::vector<std::string> run(const char* sql, std::initializer_list<std::string_view> params) {
+  // Runs one statement with text parameters; returns each row's columns
+  // (NULL as empty).
+  std::vector<std::vector<std::string>> rows(const char* sql,
+                                             std::initializer_list<std::string_view> params) {
     sqlite3_stmt* s = nullptr;
     if (sqlite3_prepare_v2(db, sql, -1, &s, nullptr) != SQLITE_OK) {
       throw std::runtime_error(std::string("key journal: ") + sqlite3_errmsg(db));
@@ -33,15 +34,24 @@ struct sqlite_key_journal::impl {
     for (const auto p : params) {
       sqlite3_bind_text64(s, i++, p.data(), p.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
     }
-    std::vector<std::string> out;
+    std::vector<std::vector<std::string>> out;
     int rc = 0;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-      const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
-      out.emplace_back(t ? t : "");
+      auto& row = out.emplace_back();
+      for (int c = 0; c < sqlite3_column_count(s); ++c) {
+        const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(s, c));
+        row.emplace_back(t ? t : "");
+      }
     }
     sqlite3_finalize(s);
     if (rc != SQLITE_DONE)
       throw std::runtime_error(std::string("key journal: ") + sqlite3_errmsg(db));
+    return out;
+  }
+  // The first column of each row.
+  std::vector<std::string> run(const char* sql, std::initializer_list<std::string_view> params) {
+    std::vector<std::string> out;
+    for (auto& row : rows(sql, params)) out.push_back(std::move(row.at(0)));
     return out;
   }
 };
@@ -57,7 +67,27 @@ sqlite_key_journal::sqlite_key_journal(const std::string& path) : impl_(std::mak
   impl_->exec("PRAGMA synchronous=FULL");  // a key must survive a crash once returned
   impl_->exec(
       "CREATE TABLE IF NOT EXISTS orpheus_client_keys (name TEXT PRIMARY KEY, idem_key TEXT NOT "
-      "NULL, payload TEXT NOT NULL, created TEXT NOT NULL DEFAULT (datetime('now')))");
+      "NULL, payload TEXT NOT NULL, created TEXT NOT NULL DEFAULT (datetime('now')), completed "
+      "TEXT)");
+  // A journal made before entries were kept once completed (they were
+  // deleted): the column, NULL for every entry left, all of them pending.
+  // Under the write lock, so that two processes opening it at once add it
+  // once.
+  impl_->exec("BEGIN IMMEDIATE");
+  try {
+    if (impl_
+            ->run("SELECT name FROM pragma_table_info('orpheus_client_keys') WHERE name = "
+                  "'completed'",
+                  {})
+            .empty()) {
+      impl_->exec("ALTER TABLE orpheus_client_keys ADD COLUMN completed TEXT");
+    }
+    impl_->exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(impl_->db, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_close(impl_->db);
+    throw;
+  }
 }
 
 sqlite_key_journal::~sqlite_key_journal() { sqlite3_close(impl_->db); }
@@ -76,13 +106,19 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
   std::lock_guard lock(impl_->m);
   impl_->exec("BEGIN IMMEDIATE");
   try {
-    const auto keys = impl_->run("SELECT idem_key FROM orpheus_client_keys WHERE name = ?", {name});
+    const auto found = impl_->rows(
+        "SELECT idem_key, payload, completed FROM orpheus_client_keys WHERE name = ?", {name});
     std::string key;
-    if (!keys.empty()) {
-      key = keys[0];
-      const auto payloads =
-          impl_->run("SELECT payload FROM orpheus_client_keys WHERE name = ?", {name});
-      if (payloads.at(0) != payload) {
+    if (!found.empty()) {
+      const auto& row = found[0];
+      key = row.at(0);
+      if (!row.at(2).empty()) {
+        throw request_completed("key journal: '" + std::string(name) + "' was completed at " +
+                                row.at(2) + " UTC under key " + key +
+                                " (send that key to read its answer again); a new request needs "
+                                "a new name, or forget() of this one");
+      }
+      if (row.at(1) != payload) {
         throw payload_changed("key journal: '" + std::string(name) +
                               "' was started with another payload; a logical request's payload "
                               "can not change between attempts");
@@ -93,7 +129,7 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
                  {name, key, payload});
     }
     impl_->exec("COMMIT");
-    return {key, !keys.empty()};
+    return {key, !found.empty()};
   } catch (...) {
     sqlite3_exec(impl_->db, "ROLLBACK", nullptr, nullptr, nullptr);
     throw;
@@ -102,12 +138,21 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
 
 void sqlite_key_journal::complete(std::string_view name) {
   std::lock_guard lock(impl_->m);
+  impl_->run(
+      "UPDATE orpheus_client_keys SET completed = datetime('now') WHERE name = ? AND completed "
+      "IS NULL",
+      {name});
+}
+
+void sqlite_key_journal::forget(std::string_view name) {
+  std::lock_guard lock(impl_->m);
   impl_->run("DELETE FROM orpheus_client_keys WHERE name = ?", {name});
 }
 
 std::vector<std::string> sqlite_key_journal::pending() {
   std::lock_guard lock(impl_->m);
-  return impl_->run("SELECT name FROM orpheus_client_keys ORDER BY created, rowid", {});
+  return impl_->run(
+      "SELECT name FROM orpheus_client_keys WHERE completed IS NULL ORDER BY created, rowid", {});
 }
 
 }  // namespace orpheus::client

@@ -28,6 +28,7 @@
 // destroying it waits for a host name lookup still running.
 #pragma once
 
+#include <atomic>
 #include <boost/beast/http/verb.hpp>
 #include <functional>
 #include <memory>
@@ -64,11 +65,20 @@ class prepared_request {
   /// says what became of the request is settled() (found in review: a
   /// resumed key answered 401 was "settled", the journal forgot it, and the
   /// next run paid under a new key).
+  ///
+  /// Within a process the request remembers it by itself: once an attempt
+  /// of a send() may have arrived unanswered (a timeout, a lost connection,
+  /// a 409, a 5xx), later send()s of this request, and of its copies (the
+  /// same logical request, the same key), start in doubt too (found in
+  /// review: a call that stopped on its attempt cap after a lost answer, sent
+  /// again and answered 401, was "settled").
   prepared_request& resuming(bool may_have_been_sent = true) noexcept {
-    resuming_ = may_have_been_sent;
+    in_doubt_->store(may_have_been_sent);
     return *this;
   }
-  [[nodiscard]] bool resuming_earlier_run() const noexcept { return resuming_; }
+  [[nodiscard]] bool resuming_earlier_run() const noexcept { return in_doubt_->load(); }
+  /// Called by the retry loop when an attempt may have arrived unanswered.
+  void may_have_been_sent() const noexcept { in_doubt_->store(true); }
   /// A fresh HTTP message for one attempt, carrying the key as
   /// orpheus::key_header_value() writes it (quoted when it starts with '"' or holds a comma).
   [[nodiscard]] http_request message(const std::string& key_header) const;
@@ -79,7 +89,8 @@ class prepared_request {
   std::string body_;
   std::vector<std::pair<std::string, std::string>> headers_;
   std::string key_;
-  bool resuming_ = false;
+  /// Shared by copies: one logical request, sent under one key.
+  std::shared_ptr<std::atomic<bool>> in_doubt_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 enum class stop_reason {
@@ -107,8 +118,9 @@ struct call_result {
   stop_reason why = stop_reason::answered;
   error_kind last_error = error_kind::none;
   std::string key;
-  /// An attempt before the last (or an earlier run's, when the request was
-  /// prepared_request::resuming()) may have been carried out: it went unanswered
+  /// An attempt of this call (or of an earlier one, when the request was
+  /// prepared_request::resuming() or sent before) may have been carried out,
+  /// the last attempt included when the call stopped on it: it went unanswered
   /// after its request may have arrived (timeout, closed), or got a 409 (an
   /// attempt in progress) or a 5xx (the server's, or a proxy's after the
   /// server acted). A later answer that is neither 2xx nor a replay does not
@@ -155,6 +167,7 @@ class retry_loop {
 
  private:
   const client_options& o_;
+  const prepared_request& req_;
   std::chrono::steady_clock::time_point started_;
   call_result result_;
   std::mt19937_64 rng_;

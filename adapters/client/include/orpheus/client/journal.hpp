@@ -8,7 +8,7 @@
 //   orpheus::client::prepared_request req(verb, target, body, headers, entry.key);
 //   req.resuming(entry.resumed);  // an earlier run may have sent it
 //   const auto r = client.send(req);
-//   if (r.settled()) journal.complete("order-1001/pay");
+//   if (r.settled()) journal.complete("order-1001/pay");  // kept, as completed
 //
 // Thread safety: the SQLite journal may be used from several threads.
 #pragma once
@@ -26,6 +26,17 @@ namespace orpheus::client {
 class payload_changed : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
+};
+
+/// The journal holds the logical request as completed: its answer settled
+/// it, and sending it again under a new key would be a second request (a
+/// second payment). A new logical request needs a new name, or forget() of
+/// this one first. Found in review: complete() removed the entry, so a run
+/// that completed it and died before using the answer, or the same command
+/// run again, paid again under a new key.
+class request_completed : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
 };
 
 /// A logical request's journal entry.
@@ -46,7 +57,9 @@ class key_journal {
 
   /// The key of logical request `name`: the journaled one, or a new UUIDv4
   /// written durably before this returns. Throws payload_changed when `name`
-  /// was journaled with another payload fingerprint.
+  /// was journaled with another payload fingerprint, and request_completed
+  /// when it was completed (its message names the key, whose answer the
+  /// server replays while it keeps the record).
   virtual std::string key_for(std::string_view name, std::string_view payload_fingerprint) = 0;
   /// key_for(), and whether the entry was there already: use this one, and
   /// send with prepared_request::resuming(entry.resumed). Found in review:
@@ -60,8 +73,14 @@ class key_journal {
   virtual journal_entry entry_for(std::string_view name, std::string_view payload_fingerprint);
   /// The logical request got an answer that settles it (call_result::
   /// settled(): a 2xx, a replay, or a final answer with nothing in doubt
-  /// before it); its entry is removed.
+  /// before it); its entry is kept, marked completed, and entry_for() then
+  /// refuses the name (request_completed) until forget().
   virtual void complete(std::string_view name) = 0;
+  /// Removes the entry of `name`, completed or not: the name then starts a
+  /// new logical request under a new key. Forgetting a pending entry whose
+  /// request may have been sent, and sending the request again, can pay
+  /// twice: that is the caller's decision to make, never the journal's.
+  virtual void forget(std::string_view name) = 0;
   /// Logical requests started and not completed, oldest first.
   virtual std::vector<std::string> pending() = 0;
 };
@@ -75,6 +94,7 @@ class sqlite_key_journal final : public key_journal {
   std::string key_for(std::string_view name, std::string_view payload_fingerprint) override;
   journal_entry entry_for(std::string_view name, std::string_view payload_fingerprint) override;
   void complete(std::string_view name) override;
+  void forget(std::string_view name) override;
   std::vector<std::string> pending() override;
 
  private:
