@@ -520,7 +520,7 @@ TEST(Sharding, AUserWhoCannotReadTheShardMapIsRefusedRetryably) {
   manager m(limited);
   int rpcs = 0;
   const request_id id{"map", "grant-1", fingerprint_of("x")};
-  expect_refused(m, id, rpcs, "could not be read", "no SELECT on orpheus_shard_map");
+  expect_refused(m, id, rpcs, "orpheus_shard_map", "no SELECT on orpheus_shard_map");
   {
     auto t = dbs.servers[0]->begin_on_shard(0);
     EXPECT_EQ(
@@ -531,6 +531,51 @@ TEST(Sharding, AUserWhoCannotReadTheShardMapIsRefusedRetryably) {
   }
   // Once granted, the next request goes through: nothing is remembered.
   as_root("GRANT SELECT ON " + dbs.name + ".orpheus_shard_map TO '" + user + "'@'127.0.0.1'");
+  EXPECT_EQ(pay(m, id, rpcs).status, 201);
+  EXPECT_EQ(rpcs, 1);
+  as_root("DROP USER '" + user + "'@'127.0.0.1'");
+}
+
+// Found in review: the same for a revoked INSERT on orpheus_records (or a
+// full disk, a rotated password): MySQL codes outside the transient list
+// were permanent, so the first transaction, where nothing has happened,
+// told clients to give up on a payment that goes through once it is fixed.
+TEST(Sharding, AUserWhoCannotWriteTheRecordsIsRefusedRetryably) {
+  scratch_databases dbs("orpheus_grant_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store(dbs.map({0})).migrate();
+  const std::string user = "noinsert" + test::random_hex(4);
+  const auto as_root = [&](const std::string& sql) {
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    t->execute(sql);
+    t->commit();
+  };
+  {
+    // Table by table (a database-wide grant reaches open connections only at
+    // their next USE): everything, but no INSERT on orpheus_records.
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    const auto tables = t->query(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", dbs.name);
+    t->commit();
+    ASSERT_GE(tables.size(), 3U);
+    as_root("CREATE USER '" + user + "'@'127.0.0.1' IDENTIFIED BY 'p'");
+    for (const auto& row : tables) {
+      const auto table = row.get<std::string>(0);
+      as_root(std::string("GRANT SELECT, UPDATE, DELETE") +
+              (table == "orpheus_records" ? "" : ", INSERT") + " ON " + dbs.name + "." + table +
+              " TO '" + user + "'@'127.0.0.1'");
+    }
+  }
+  mysql_options o = dbs.map({0});
+  o.shards[0].user = user;
+  o.shards[0].password = "p";
+  mysql_store limited(o);
+  manager m(limited);
+  int rpcs = 0;
+  const request_id id{"grant", "insert-1", fingerprint_of("x")};
+  expect_refused(m, id, rpcs, "1142", "no INSERT on orpheus_records");
+  // Once granted, the next request goes through.
+  as_root("GRANT INSERT ON " + dbs.name + ".orpheus_records TO '" + user + "'@'127.0.0.1'");
   EXPECT_EQ(pay(m, id, rpcs).status, 201);
   EXPECT_EQ(rpcs, 1);
   as_root("DROP USER '" + user + "'@'127.0.0.1'");

@@ -69,6 +69,14 @@ constexpr row table[] = {
   {1412, "HY000", F, F,   T, F, F, F, "table definition changed, retry the transaction"},
   {1689, "HY000", F, F,   T, F, F, F, "lock wait aborted by a pending metadata lock"},
   {1637, "HY000", F, F,   T, F, F, F, "too many active concurrent transactions"},
+  // What an operator puts right (found in review: they told clients to give up).
+  {1114, "HY000", F, F,   T, F, F, F, "the table is full (InnoDB on a full disk)"},
+  {1030, "HY000", F, F,   T, F, F, F, "the storage engine's error (28: no space)"},
+  {1044, "42000", F, F,   T, F, F, F, "access denied to the database"},
+  {1045, "28000", F, F,   T, F, F, F, "wrong password (rotated)"},
+  {1049, "42000", F, F,   T, F, F, F, "unknown database"},
+  {1142, "42000", F, F,   T, F, F, F, "INSERT denied on a table (a revoked grant)"},
+  {1143, "42000", F, F,   T, F, F, F, "a command denied on a column"},
   {1152, "08S01", F, F,   T, F, T, T, "aborted connection"},
   {1158, "08S01", F, F,   T, F, T, T, "network read error"},
   {1159, "08S01", F, F,   T, F, T, T, "network read timeout"},
@@ -78,7 +86,6 @@ constexpr row table[] = {
   {1062, "23000", F, F,   F, F, F, F, "duplicate key"},
   {1064, "42000", F, F,   F, F, F, F, "syntax error"},
   {1146, "42S02", F, F,   F, F, F, F, "no such table"},
-  {1045, "28000", F, F,   F, F, F, F, "wrong password"},
   {1180, "HY000", F, F,   F, F, F, F, "error during COMMIT, outside COMMIT"},
   {3572, "HY000", F, F,   F, F, F, F, "MySQL 8 FOR UPDATE NOWAIT: not in the list"},
   // Unknown server errors: permanent (bug 14: they used to be retried) ...

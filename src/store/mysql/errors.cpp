@@ -11,10 +11,12 @@
 //    link is in an unknown state. Retryable, and the connection is discarded,
 //    never reused: the next statement on it could run outside the
 //    transaction. Same for SQLSTATE class 08 (connection exception).
+//  - The same for what an operator puts right: a full disk, a missing grant
+//    or database, a rotated password. Nothing committed.
 //  - Any other server-side code, known or not, is permanent: a statement that
 //    the server rejects for a reason we do not know will most likely be
 //    rejected again, and retrying it forever hides a bug (a schema drift, a
-//    privilege, a syntax error). Nothing committed, so refusing is safe.
+//    syntax error). Nothing committed, so refusing is safe.
 //  - COMMIT is the exception: any failure of COMMIT (known, unknown, server
 //    or client side) is in doubt, since the COMMIT may have landed; only a
 //    rollback the server announces (deadlock, SQLSTATE class 40) is not.
@@ -67,6 +69,17 @@ bool transient_server_code(int code) noexcept {
     case 1412:  // table definition changed, "please retry transaction"
     case 1689:  // lock wait aborted by a pending exclusive (metadata) lock
     case 1637:  // too many active concurrent transactions
+    // What an operator puts right, not the request (found in review: a full
+    // disk or a revoked grant before the RPC told clients to give up on a
+    // payment that goes through once it is fixed, against "a database
+    // failure in transaction 1 is retryable: nothing happened").
+    case 1114:  // the table is full: InnoDB's tablespace cannot grow (disk)
+    case 1030:  // the storage engine's error (28: no space left on device)
+    case 1044:  // access denied to the database (a grant)
+    case 1045:  // access denied for the user (a password rotated, a grant)
+    case 1049:  // unknown database (a shard not yet created, a typo fixed)
+    case 1142:  // a command denied on a table (a revoked grant)
+    case 1143:  // a command denied on a column
       return true;
     default:
       return false;
