@@ -514,5 +514,52 @@ TEST_F(DbFailure, LostConnectionDuringCommitIsInDoubtAndTheRetryResolvesIt) {
   EXPECT_TRUE(pay(m, rid, b).replayed);
 }
 
+// Found in review: under a server whose sql_mode has EMPTY_STRING_IS_NULL
+// (MariaDB turns the literal '' into NULL), the fast read's packed column
+// lost its last, empty part (no lease owner: every finished record), and a
+// retry of a payment that had succeeded got a permanent "unreadable row"
+// instead of its replay. This suite's server is its own, so its global
+// sql_mode may change (restored at the end).
+TEST_F(DbFailure, AServerThatReadsEmptyStringLiteralsAsNullStillReplays) {
+  // With the mariadb client: the store's transactions refuse SET GLOBAL.
+  const auto client = [](const std::string& sql) {
+    const std::string cmd = "mariadb --no-defaults --protocol=tcp -h127.0.0.1 -P" +
+                            std::to_string(port_) + " -uu -pp -N -B -e \"" + sql + "\"";
+    std::string out;
+    if (std::FILE* f = ::popen(cmd.c_str(), "r")) {
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
+      EXPECT_EQ(::pclose(f), 0) << cmd;
+    }
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  };
+  const std::string global_mode = client("SELECT @@GLOBAL.sql_mode");
+  client("SET GLOBAL sql_mode = '" + (global_mode.empty() ? std::string() : global_mode + ",") +
+         "EMPTY_STRING_IS_NULL'");
+  struct restore {
+    std::function<void()> f;
+    ~restore() { f(); }
+  } restored{[&] { client("SET GLOBAL sql_mode = '" + global_mode + "'"); }};
+
+  auto s = make();  // new connections: the server's new sql_mode
+  {
+    auto t = s->begin_on_shard(0);
+    const auto mode = t->query("SELECT @@SESSION.sql_mode").at(0).get<std::string>(0);
+    t->commit();
+    ASSERT_NE(mode.find("EMPTY_STRING_IS_NULL"), std::string::npos) << mode;
+  }
+  manager m(*s);
+  bank b;
+  const auto rid = id("empty-string-is-null");
+  EXPECT_EQ(pay(m, rid, b).status, 201);
+  const auto again = pay(m, rid, b);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.status, 201);
+  const auto charges = b.charges();
+  ASSERT_EQ(charges.size(), 1U);
+  EXPECT_EQ(charges.begin()->second, 1);
+}
+
 }  // namespace
 }  // namespace orpheus
