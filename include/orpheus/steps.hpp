@@ -100,7 +100,10 @@ class step_results {
   [[nodiscard]] static T read_as(const nlohmann::json& stored, std::string_view step) {
     try {
       return stored.get<T>();
-    } catch (const nlohmann::json::exception& e) {
+    } catch (const std::exception& e) {
+      // Not only nlohmann's: a type's own from_json may throw anything
+      // (found in review: std::invalid_argument failed the step for good,
+      // and the request went backwards).
       throw_unreadable(step, e.what());
     }
   }

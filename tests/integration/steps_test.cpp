@@ -70,6 +70,18 @@ void from_json(const nlohmann::json& j, order& o) {
   j.at("amount").get_to(o.amount);
 }
 
+// An authorisation as a later deploy reads it, with a reader of its own
+// that throws what it likes (not nlohmann's exception) on what it cannot
+// read.
+struct authorisation {
+  std::string id;
+};
+void to_json(nlohmann::json& j, const authorisation& a) { j = {{"id", a.id}}; }
+void from_json(const nlohmann::json& j, authorisation& a) {
+  if (!j.is_object()) throw std::invalid_argument("an authorisation is an object");
+  a.id = j.value("id", "");
+}
+
 error_info declined() {
   return error_info::of(error_class::rejected, "card_declined", "declined").with_http_status(402);
 }
@@ -154,6 +166,90 @@ class Steps : public testing::TestWithParam<std::string> {
     std::vector<std::string> out;
     for (const auto& r : rows) out.push_back(r.get<std::string>(0));
     return out;
+  }
+
+  // docs/steps.md: a stored step result that no longer reads as its type
+  // (another deploy changed the step's result type) is pre_state_unreadable,
+  // retryable, never a failure for good, which would send the request
+  // backwards and void an authorisation that a capture may still need.
+  // Shown for a later step reading it and for its compensation, with the new
+  // deploy's result type `T`.
+  template <class T>
+  void expect_unreadable_step_results_turn_nothing_back(const std::string& prefix) {
+    store& st = *store_;
+    const auto id = [&](const std::string& k) { return this->id(prefix + k); };
+    config cfg = quick();
+    cfg.max_attempts = 10;
+    manager m(st, cfg);
+    fake_bank bank;
+    bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+      if (op == "capture" && a.number() == 1) return unavailable_now();
+      return std::nullopt;
+    };
+    // The old deploy: authorise's result is a number.
+    steps<order> before;
+    before.step("authorise", [&](const attempt& a, const order&, const step_results&) {
+      bank.call("authorise", a);
+      return 7;
+    });
+    before.step("capture", [&](const attempt& a, const order&, const step_results&) {
+      return bank.call("capture", a);
+    });
+    before.respond([](tx&, const attempt&, const order&, const step_results&) {
+      return response{201, {}, "old"};
+    });
+    EXPECT_THROW(run(m, id("k1"), before), error);
+    EXPECT_THROW(run(m, id("k2"), before), error);
+    ASSERT_EQ(st.inspect(id("k1"))->state, record_state::retryable);
+
+    // The new deploy: the same steps, authorise's result a T now, and a
+    // capture that is declined (for good) if it is ever called.
+    bool undone = false;
+    const auto after = [&](bool capture_reads_authorise) {
+      steps<order> f;
+      f.step("authorise", [&](const attempt& a, const order&, const step_results&) {
+         bank.call("authorise", a);
+         if constexpr (std::is_same_v<T, std::string>) {
+           return std::string("auth");
+         } else {
+           return T{"auth"};
+         }
+       }).compensate([&](const attempt&, const order&, const T&) { undone = true; });
+      f.step("capture", [&, capture_reads_authorise](const attempt& a, const order&,
+                                                     const step_results& done) {
+        if (capture_reads_authorise) (void)done.get<T>("authorise");
+        bank.call("capture", a);
+        throw error(declined());
+        return std::string();
+      });
+      f.respond([](tx&, const attempt&, const order&, const step_results&) {
+        return response{201, {}, "new"};
+      });
+      return f;
+    };
+    // A later step reads it: refused before the bank is called.
+    const auto calls = bank.log().size();
+    try {
+      run(m, id("k1"), after(true));
+      ADD_FAILURE() << "a step result of another type was read";
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_EQ(e.code(), "pre_state_unreadable") << e.what();
+    }
+    EXPECT_EQ(bank.log().size(), calls) << "the capture was called";
+    EXPECT_EQ(st.inspect(id("k1"))->state, record_state::retryable);
+    // The compensation reads it (the capture is declined without reading
+    // it): the way back stops there, retryable, and the request is not
+    // recorded as failed.
+    try {
+      run(m, id("k2"), after(false));
+      ADD_FAILURE() << "a compensation got a step result of another type";
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_EQ(e.code(), "pre_state_unreadable") << e.what();
+    }
+    EXPECT_FALSE(undone);
+    EXPECT_NE(st.inspect(id("k2"))->state, record_state::failed);
   }
 
   std::unique_ptr<store> store_;
@@ -705,79 +801,16 @@ TEST_P(Steps, AKeyIsResumedOnlyWithTheStepsItWasRecordedWith) {
   EXPECT_EQ(run(m, id("k1"), flow_of(bank, {"authorise", "capture"}, 1, {})).status, 201);
 }
 
-// docs/steps.md: a stored step result that no longer reads as its type
-// (another deploy changed the step's result type) is pre_state_unreadable,
-// retryable, never a failure for good, which would send the request
-// backwards and void an authorisation that a capture may still need.
-// Shown for a later step reading it and for its compensation.
 TEST_P(Steps, AStepResultThatNoLongerReadsAsItsTypeIsRetryableAndTurnsNothingBack) {
-  config cfg = quick();
-  cfg.max_attempts = 10;
-  manager m(*store_, cfg);
-  fake_bank bank;
-  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
-    if (op == "capture" && a.number() == 1) return unavailable_now();
-    return std::nullopt;
-  };
-  // The old deploy: authorise's result is a number.
-  steps<order> before;
-  before.step("authorise", [&](const attempt& a, const order&, const step_results&) {
-    bank.call("authorise", a);
-    return 7;
-  });
-  before.step("capture", [&](const attempt& a, const order&, const step_results&) {
-    return bank.call("capture", a);
-  });
-  before.respond([](tx&, const attempt&, const order&, const step_results&) {
-    return response{201, {}, "old"};
-  });
-  EXPECT_THROW(run(m, id("k1"), before), error);
-  EXPECT_THROW(run(m, id("k2"), before), error);
-  ASSERT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
+  expect_unreadable_step_results_turn_nothing_back<std::string>("json-");
+}
 
-  // The new deploy: the same steps, authorise's result a string now, and a
-  // capture that is declined (for good) if it is ever called.
-  bool undone = false;
-  const auto after = [&](bool capture_reads_authorise) {
-    steps<order> f;
-    f.step("authorise", [&](const attempt& a, const order&, const step_results&) {
-       return bank.call("authorise", a);
-     }).compensate([&](const attempt&, const order&, const std::string&) { undone = true; });
-    f.step("capture",
-           [&, capture_reads_authorise](const attempt& a, const order&, const step_results& done) {
-             if (capture_reads_authorise) (void)done.get<std::string>("authorise");
-             bank.call("capture", a);
-             throw error(declined());
-             return std::string();
-           });
-    f.respond([](tx&, const attempt&, const order&, const step_results&) {
-      return response{201, {}, "new"};
-    });
-    return f;
-  };
-  // A later step reads it: refused before the bank is called.
-  const auto calls = bank.log().size();
-  try {
-    run(m, id("k1"), after(true));
-    ADD_FAILURE() << "a step result of another type was read";
-  } catch (const error& e) {
-    EXPECT_TRUE(e.retryable()) << e.what();
-    EXPECT_EQ(e.code(), "pre_state_unreadable") << e.what();
-  }
-  EXPECT_EQ(bank.log().size(), calls) << "the capture was called";
-  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
-  // The compensation reads it (the capture is declined without reading
-  // it): the way back stops there, retryable, and the request is not
-  // recorded as failed.
-  try {
-    run(m, id("k2"), after(false));
-    ADD_FAILURE() << "a compensation got a step result of another type";
-  } catch (const error& e) {
-    EXPECT_TRUE(e.retryable()) << e.what();
-    EXPECT_EQ(e.code(), "pre_state_unreadable") << e.what();
-  }
-  EXPECT_FALSE(undone);
-  EXPECT_NE(store_->inspect(id("k2"))->state, record_state::failed);
+// Found in review: only nlohmann's exceptions were read as "unreadable"; a
+// type whose own reader threw anything else (std::invalid_argument here)
+// failed the step for good, the request went backwards (the authorisation
+// voided) and "failed" was replayed for ever.
+TEST_P(Steps, AStepResultWhoseOwnReaderThrowsIsRetryableAndTurnsNothingBack) {
+  expect_unreadable_step_results_turn_nothing_back<authorisation>("reader-");
 }
 
 TEST_P(Steps, AFlowThatCannotRunIsRefusedBeforeAnyDatabaseWork) {
