@@ -400,8 +400,20 @@ store_backend& store::backend_for_records(std::size_t shard) {
     checked.schema_current.store(true, std::memory_order_release);
   }
   check_recorded_map(shard, now);
-  checked.map_checked_until_ns.store(now + map_recheck_ns_.load(std::memory_order_relaxed),
-                                     std::memory_order_release);
+  {
+    // Under the lock a conflict is published with: a conflict found while
+    // this check ran (by another request's reading of the whole map, or a
+    // migrate) made every shard's check due at once, and must not be
+    // overwritten by this check's "checked until" (found in review: the
+    // shard was then served unchecked for another interval). A store of one
+    // shard has no whole map to clear such a verdict: its own check speaks.
+    const std::lock_guard lock(whole_map_mutex_);
+    if (shard_count() > 1 && whole_map_conflict_.load(std::memory_order_relaxed)) {
+      throw storage_error::transient(whole_map_conflict_text_);
+    }
+    checked.map_checked_until_ns.store(now + map_recheck_ns_.load(std::memory_order_relaxed),
+                                       std::memory_order_release);
+  }
   return *backend_;
 }
 

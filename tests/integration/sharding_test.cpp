@@ -2,6 +2,8 @@
 // key's record and the application's rows land on that key's shard only.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -9,6 +11,7 @@
 #include "orpheus/manager.hpp"
 #include "orpheus/shard_map.hpp"
 #include "support/backends.hpp"
+#include "support/forwarding_store.hpp"
 
 namespace orpheus {
 namespace {
@@ -401,6 +404,61 @@ TEST(Sharding, AConflictFoundOnOneShardRefusesEveryShardAtOnce) {
                  "shard 1 of this store's 2 records itself as shard 0 of 1",
                  "shard 0, within its interval after shard 1 was found in another map");
   EXPECT_EQ(rpcs, 1);
+}
+
+// Found in review (a fourth): a request that was reading its own shard's
+// place when another found a conflict stored its "checked until" after the
+// conflict had made every shard's due at once, so its shard was served
+// unchecked for another interval. A forwarding store holds that request at
+// its own read while a migrate of the other shard finds the conflict.
+TEST(Sharding, ACheckThatEndsAfterAConflictWasFoundLeavesItsShardRefused) {
+  scratch_databases dbs("orpheus_overlap_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store xy(dbs.map({0, 1}));  // the default recheck interval, 10 s
+  xy.migrate_shard(0);              // y is not migrated yet: no agreement
+  test::forwarding_store fs(xy);
+  const std::string read_map = xy.statements().read_shard_map;
+  std::mutex m;
+  std::condition_variable cv;
+  bool held = false;
+  bool release = false;
+  int map_reads_of_x = 0;
+  fs.before_read = [&](std::size_t shard, std::string_view sql) {
+    if (shard != 0 || sql != read_map) return;
+    std::unique_lock lock(m);
+    // The first is the whole map's reading, the second x's own check.
+    if (++map_reads_of_x != 2) return;
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  manager mgr(fs);
+  int rpcs = 0;
+  std::thread first([&] {
+    try {
+      (void)pay(mgr, key_on(fs, 0, "first-"), rpcs);
+    } catch (const storage_error&) {  // refused, once the conflict is known: fine too
+    }
+  });
+  {
+    std::unique_lock lock(m);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return held; }))
+        << "the first request never read x's place";
+  }
+  record_place_by_hand(dbs, 1, 0, 1);  // y: "shard 0 of 1"
+  EXPECT_THROW(fs.migrate_shard(1), config_error);
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  first.join();
+  fs.before_read = nullptr;
+  const int before = rpcs;
+  expect_refused(mgr, key_on(fs, 0, "after-"), rpcs,
+                 "shard 1 of this store's 2 records itself as shard 0 of 1",
+                 "x, right after a check that overlapped the conflict's discovery");
+  EXPECT_EQ(rpcs, before);
 }
 
 // Found in review: a migrate refused at its second shard had already

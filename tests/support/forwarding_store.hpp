@@ -22,6 +22,9 @@ struct forwarding_hooks {
   /// Called when the fast-path read has returned its rows, before the
   /// library sees them.
   std::function<void()> after_read;
+  /// Called before every read outside a transaction (the fast path, the
+  /// shard map's checks), with its shard and statement.
+  std::function<void(std::size_t, std::string_view)> before_read;
 };
 
 class forwarding_backend final : public store_backend {
@@ -40,6 +43,7 @@ class forwarding_backend final : public store_backend {
   sql_rows read(std::size_t shard, std::string_view sql,
                 std::span<const sql_value> params) override {
     note(sql);
+    if (hooks_->before_read) hooks_->before_read(shard, sql);
     auto rows = inner_.read(shard, sql, params);
     if (hooks_->after_read && sql == sql_.read_fast) hooks_->after_read();
     return rows;
@@ -112,6 +116,7 @@ class forwarding_store : public store {
   std::function<void(std::string_view)>& on_statement;
   std::function<void(int, transaction&)>& before_commit;
   std::function<void()>& after_read;
+  std::function<void(std::size_t, std::string_view)>& before_read;
 
  private:
   forwarding_store(store& inner, const std::shared_ptr<forwarding_hooks>& hooks)
@@ -119,6 +124,7 @@ class forwarding_store : public store {
         on_statement(hooks->on_statement),
         before_commit(hooks->before_commit),
         after_read(hooks->after_read),
+        before_read(hooks->before_read),
         hooks_(hooks) {}
 
   std::shared_ptr<forwarding_hooks> hooks_;
