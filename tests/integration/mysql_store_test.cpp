@@ -1106,6 +1106,33 @@ TEST_F(MysqlStore, RowCountInACompoundStatementCountsMatchedRows) {
   t->rollback();
 }
 
+// Found in review: exclusively()'s clean-up restored the session's lock
+// wait before it released the migration lock, and an error of the clean-up
+// replaced the migration's own. A migration whose connection was killed
+// under it reports its own error; the lock is free for the next migrate.
+TEST_F(MysqlStore, AMigrationWhoseConnectionDiesReportsItsOwnErrorAndLeavesTheLockFree) {
+  const auto own_error = [&] {
+    try {
+      store_->backend().exclusively(0, [](tx& t) {
+        const auto me = t.query("SELECT CONNECTION_ID()").at(0).get<std::int64_t>(0);
+        mysql_store killer(options_for_test());
+        auto k = killer.begin_on_shard(0);
+        k->execute("KILL CONNECTION " + std::to_string(me));
+        k->commit();
+        throw std::runtime_error("the migration's own error");
+      });
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("nothing thrown");
+  }();
+  EXPECT_EQ(own_error, "the migration's own error");
+  mysql_store other(options_for_test());  // another process's migrate
+  bool ran = false;
+  EXPECT_NO_THROW(other.backend().exclusively(0, [&](tx&) { ran = true; }));
+  EXPECT_TRUE(ran);
+}
+
 // A handler's CALL of a procedure that commits was not refused: the fenced
 // finish then failed (lease lost, "nothing committed"), yet Post-RPC's row
 // was committed, and the retry would run Post-RPC again. CALL is refused.

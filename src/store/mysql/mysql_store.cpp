@@ -357,17 +357,30 @@ class mysql_backend final : public store_backend {
       // server's default is a day). Found in review.
       const auto ddl_wait = std::clamp<std::int64_t>(within_read, 1, 10);
       st->execute("SET SESSION lock_wait_timeout = " + std::to_string(ddl_wait));
+      // The lock first, then the session's own wait (connection.cpp), not
+      // the server's day. A connection that cannot be put back so (a KILL
+      // QUERY, a statement timeout on either) is discarded: closing it
+      // releases the lock (found in review: the SET went first, and when it
+      // failed the pooled connection kept the server-wide lock, so every
+      // later migrate found "another process is migrating").
       const auto restore = [&] {
-        // Back to the session's own (connection.cpp), not the server's day.
-        st->execute("SET SESSION lock_wait_timeout = " +
-                    std::to_string(options_.lock_wait_timeout.count()));
-        st->execute("DO RELEASE_LOCK('orpheus_migrate')");
+        try {
+          st->execute("DO RELEASE_LOCK('orpheus_migrate')");
+          st->execute("SET SESSION lock_wait_timeout = " +
+                      std::to_string(options_.lock_wait_timeout.count()));
+        } catch (...) {
+          c.mark_broken();
+          throw;
+        }
       };
       try {
         migration_session session(conn, shard);
         f(session);
       } catch (...) {
-        restore();
+        try {
+          restore();
+        } catch (...) {  // the migration's own error says more; the link is dropped anyway
+        }
         throw;
       }
       restore();
