@@ -462,6 +462,45 @@ TEST_P(Steps, TheCompleterResumesAFlowAtItsStep) {
   EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "capture#2", "notify#2"}));
 }
 
+// Found in review: a deploy that changed a flow's steps (and its version)
+// had its completers park every request of the older version in flight, as
+// "recorded with other steps", while servers of the older version, still
+// running during a rolling deploy, could finish them. A newer completer
+// leaves such a record retryable; an older server finishes it.
+TEST_P(Steps, ANewerCompleterLeavesARequestOfAnOlderFlowForAServerThatHasIt) {
+  config cfg = quick();
+  cfg.retry_backoff_base = 20ms;
+  cfg.retry_backoff_max = 20ms;
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    if (op == "capture" && a.number() == 1) return unavailable_now();
+    return std::nullopt;
+  };
+  const std::string handler = "deploy-" + scope_.substr(6);
+  manager old_server(*store_, cfg);
+  old_server.register_handler(handler, 1, flow_of(bank, {"authorise", "capture"}, 1, {}));
+  manager new_server(*store_, cfg);
+  new_server.register_handler(handler, 2, flow_of(bank, {"authorise", "capture", "notify"}, 1, {}));
+  const auto rid = id("k1");
+  const std::string oid = scope_ + "/o1";
+  const auto pre = [&](tx&) { return order{oid, 5}; };
+  EXPECT_THROW(old_server.process(handler, rid, pre), error);  // capture failed, retryable
+  std::this_thread::sleep_for(40ms);                           // past the backoff
+  completer newer(new_server);
+  completer_pass pass;
+  for (int i = 0; i < 100 && pass.claimed == 0; ++i) {  // due once its backoff has passed
+    pass = newer.run_once();
+    if (pass.claimed == 0) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(pass.claimed, 1U) << "the newer completer never claimed it";
+  EXPECT_EQ(pass.parked, 0U);
+  EXPECT_EQ(pass.retrying, 1U);
+  ASSERT_EQ(store_->inspect(rid)->state, record_state::retryable)
+      << "a newer completer parked a request an older server can finish";
+  EXPECT_EQ(old_server.process(handler, rid, pre).status, 201);
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "capture#2"}));
+}
+
 TEST_P(Steps, CompletersAndAClientRacingOnOneKeyRunEachStepOnce) {
   config cfg = quick();
   cfg.max_attempts = 1000;
