@@ -143,13 +143,20 @@ completer_pass completer::run_once() {
 }
 
 void completer::start() {
-  const std::lock_guard lock(m_);
+  const std::lock_guard life(lifecycle_);
   if (thread_.joinable()) return;
-  stopping_ = false;
+  {
+    const std::lock_guard lock(m_);
+    stopping_ = false;
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
 void completer::stop() {
+  // One at a time with start() (found in review: two stop()s, or a stop()
+  // beside a start(), raced on thread_). The loop takes only m_, so joining
+  // under lifecycle_ cannot wait for itself.
+  const std::lock_guard life(lifecycle_);
   {
     const std::lock_guard lock(m_);
     stopping_ = true;

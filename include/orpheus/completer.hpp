@@ -82,6 +82,9 @@ class completer {
   std::mutex m_;
   std::condition_variable wake_;
   bool stopping_ = false;
+  /// Held by start() and stop() from end to end (stop() joins under it), so
+  /// that they run one at a time; thread_ is touched only under it.
+  std::mutex lifecycle_;
   std::thread thread_;
 };
 
