@@ -177,6 +177,7 @@ class store {
   /// The backend, for the application's own statements, migrations and
   /// tests. The record statements go through backend_for_records().
   [[nodiscard]] store_backend& backend() noexcept { return *backend_; }
+  [[nodiscard]] const store_backend& backend() const noexcept { return *backend_; }
   /// The backend, to run the record statements on `shard`. Before the
   /// record statements reach a shard, two things are checked, by reads:
   /// - its schema version, until it is found current (then never again in

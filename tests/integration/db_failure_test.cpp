@@ -422,6 +422,7 @@ TEST_F(DbFailure, AFrozenServerCostsABorrowOnePingNotOnePerIdleConnection) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // all idle past ping_after_idle
 
   frozen_server frozen(dir_);
+  const auto before = s.pool_stats(0);
   const auto start = std::chrono::steady_clock::now();
   std::string tx_error;
   try {
@@ -432,17 +433,23 @@ TEST_F(DbFailure, AFrozenServerCostsABorrowOnePingNotOnePerIdleConnection) {
     EXPECT_TRUE(e.retryable()) << e.what();
     tx_error = e.what();
   }
-  // One ping (read_timeout), one connect (its handshake: connect_timeout or
-  // read_timeout, whichever the driver applies), pool_wait, and slack for a
-  // loaded machine; one ping per idle connection is 8 read timeouts.
   const ms tx_took = since(start);
-  EXPECT_LT(tx_took, o.read_timeout + 2 * o.read_timeout + o.pool_wait + std::chrono::seconds(3));
+  // Counted, not timed: one ping (read_timeout), then the other idle
+  // connections dropped unpinged and one connect; one ping per idle
+  // connection was 8 read timeouts.
+  const auto after_tx = s.pool_stats(0);
+  EXPECT_EQ(after_tx.pings - before.pings, 1U);
+  EXPECT_EQ(after_tx.failed_pings - before.failed_pings, 1U);
+  EXPECT_EQ(after_tx.dropped_unpinged - before.dropped_unpinged, idle - 1U);
+  EXPECT_EQ(after_tx.connects - before.connects, 1U);
 
   // The read pool's idle connection is as old as the failed ping: dropped
-  // unpinged. What is left is connecting, within connect_timeout here; a
-  // ping alone would be read_timeout.
+  // unpinged. What is left is connecting; a ping would be read_timeout.
   const auto [read_took, read_error] = failing_read(s, rid);
-  EXPECT_LT(read_took, ms(o.read_timeout));
+  const auto after_read = s.pool_stats(0);
+  EXPECT_EQ(after_read.pings, after_tx.pings) << "the read pinged";
+  EXPECT_EQ(after_read.dropped_unpinged - after_tx.dropped_unpinged, 1U);
+  EXPECT_GE(after_read.connects - after_tx.connects, 1U);
   std::cout << "frozen server: the transaction failed after " << tx_took.count() << " ms ("
             << tx_error << "), the read after " << read_took.count() << " ms (" << read_error
             << ")\n";
@@ -475,8 +482,14 @@ TEST_F(DbFailure, AStatementThatTimesOutOnAFrozenServerCostsTheNextReadNoPing) {
   t.reset();  // the lost link goes back to the pool
   const ms statement_took = since(start);
 
+  // Counted, not timed: the read pool's idle connection is dropped
+  // unpinged, and the read only connects.
+  const auto before_read = s.pool_stats(0);
   const auto [read_took, read_error] = failing_read(s, rid);
-  EXPECT_LT(read_took, ms(o.read_timeout));
+  const auto after_read = s.pool_stats(0);
+  EXPECT_EQ(after_read.pings, before_read.pings) << "the read pinged";
+  EXPECT_EQ(after_read.dropped_unpinged - before_read.dropped_unpinged, 1U);
+  EXPECT_GE(after_read.connects - before_read.connects, 1U);
   std::cout << "frozen server: the statement failed after " << statement_took.count()
             << " ms, the read after " << read_took.count() << " ms (" << read_error << ")\n";
 

@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -99,6 +100,19 @@ struct mysql_options {
   std::chrono::seconds session_idle_timeout{30};
 };
 
+/// What the connection pools of one shard (transactions and fast-path
+/// reads together) have done since the store was made. For operators (a
+/// rising failed_pings is a node that stops answering) and for tests that
+/// count what a frozen server cost instead of timing it.
+struct mysql_pool_stats {
+  std::uint64_t pings = 0;         ///< idle connections pinged before they were lent
+  std::uint64_t failed_pings = 0;  ///< of those, the ones that failed (connection dropped)
+  std::uint64_t connects = 0;      ///< new connections tried, each node tried counting once
+  /// Idle connections dropped without a ping: older than a failed ping or a
+  /// lost link, idle past the server's timeout, or to a node no longer used.
+  std::uint64_t dropped_unpinged = 0;
+};
+
 class mysql_store final : public store {
  public:
   /// Throws config_error when `options` are refused: no shard, a shard
@@ -109,6 +123,10 @@ class mysql_store final : public store {
   mysql_store(const mysql_store&) = delete;
   mysql_store& operator=(const mysql_store&) = delete;
   ~mysql_store() override;
+
+  /// The counters of shard `shard`'s pools; throws std::out_of_range for a
+  /// shard the store does not have.
+  [[nodiscard]] mysql_pool_stats pool_stats(std::size_t shard) const;
 };
 
 }  // namespace orpheus

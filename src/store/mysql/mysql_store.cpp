@@ -310,6 +310,11 @@ class mysql_backend final : public store_backend {
   }
 
   [[nodiscard]] std::size_t shard_count() const override { return tx_pools_.size(); }
+
+  [[nodiscard]] mysql_pool_stats stats(std::size_t shard) const {
+    const auto& h = health_.at(shard);
+    return {h.pings.load(), h.failed_pings.load(), h.connects.load(), h.dropped_unpinged.load()};
+  }
   [[nodiscard]] const sql_dialect& dialect() const override { return dialect_; }
   [[nodiscard]] std::span<const detail::migration> migrations() const override {
     return detail::mysql_migrations();
@@ -404,5 +409,9 @@ mysql_store::mysql_store(mysql_options options)
     : store(std::make_unique<mysql_backend>(std::move(options))) {}
 
 mysql_store::~mysql_store() = default;
+
+mysql_pool_stats mysql_store::pool_stats(std::size_t shard) const {
+  return static_cast<const mysql_backend&>(backend()).stats(shard);
+}
 
 }  // namespace orpheus

@@ -28,6 +28,7 @@ std::unique_ptr<connection> pool::borrow() {
     // And one older than a failed ping (below).
     if (idle_for >= discard_after_ || c->node() != node_in_use_.load() ||
         c->generation() < dead_since_.load()) {
+      ++health_.dropped_unpinged;
       --open_;                  // closed by the server, or about to be: drop it and look again
       available_.notify_one();  // a slot is free
       lock.unlock();
@@ -40,6 +41,7 @@ std::unique_ptr<connection> pool::borrow() {
     const std::uint64_t gen = generation_.load();
     lock.unlock();
     bool ok = false;
+    ++health_.pings;
     try {
       ok = c->raw().isValid();
     } catch (...) {  // whatever it was, the connection is not lent; its slot is freed below
@@ -49,6 +51,7 @@ std::unique_ptr<connection> pool::borrow() {
       c->set_generation(gen);
       return c;
     }
+    ++health_.failed_pings;
     // Dead. Found in review: a node that stopped answering (a frozen or
     // cut-off host keeps its TCP connections open) made this loop ping
     // every idle connection to it, read_timeout each: one borrow took
@@ -92,6 +95,7 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
   for (std::size_t i = 0;; ++i) {
     const std::size_t n = (first + i) % nodes;
     const mysql_host node = n == 0 ? mysql_host{shard_.host, shard_.port} : shard_.failover[n - 1];
+    ++health_.connects;
     try {
       auto c = std::make_unique<connection>(node, n, shard_, options_, autocommit_, generation);
       // Only if no other thread moved the node in use meanwhile.

@@ -30,6 +30,11 @@ struct shard_health {
   /// answering costs a caller at most one ping or statement (read_timeout),
   /// not one per idle connection.
   std::atomic<std::uint64_t> dead_since{0};
+  /// What the two pools did (mysql_store::pool_stats()).
+  std::atomic<std::uint64_t> pings{0};
+  std::atomic<std::uint64_t> failed_pings{0};
+  std::atomic<std::uint64_t> connects{0};
+  std::atomic<std::uint64_t> dropped_unpinged{0};
 };
 
 class pool {
@@ -42,6 +47,7 @@ class pool {
         generation_(health.epoch),
         node_in_use_(health.node_in_use),
         dead_since_(health.dead_since),
+        health_(health),
         // The server closes a session idle for session_idle_timeout (its
         // wait_timeout). The client's idle clock starts a little after the
         // server's, so a connection idle for most of the timeout is dropped
@@ -90,6 +96,7 @@ class pool {
   std::atomic<std::uint64_t>& generation_;
   std::atomic<std::size_t>& node_in_use_;
   std::atomic<std::uint64_t>& dead_since_;
+  shard_health& health_;
   steady::duration discard_after_;
   steady::duration ping_after_;
 };
