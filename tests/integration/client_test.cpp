@@ -2,6 +2,7 @@
 // scripted sequences. Waits are checked through an injected clock and
 // sleeper, never with wall time.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -765,6 +766,41 @@ TEST(Journal, KeepsTheKeyOfALogicalRequestAndRefusesAnotherPayload) {
   EXPECT_EQ(reopened.pending(), std::vector<std::string>{"order-1/pay"});
   EXPECT_THROW(reopened.key_for("order-2/pay", "fp-1"), request_completed)
       << "completed, and still so after a reopen";
+  std::filesystem::remove(path);
+}
+
+// Found in review: an entry was resumed whatever its age. Past the server's
+// retention its record may be purged, and the key sent again is a new
+// request: a second payment if the first went through. An entry older than
+// resume_within is refused, and stays pending until a person decides.
+TEST(Journal, AnEntryStartedLongerAgoThanItResumesIsRefused) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("journal-" + test::random_hex() + ".db");
+  EXPECT_THROW(sqlite_key_journal(path.string(), {.resume_within = std::chrono::seconds(0)}),
+               config_error);
+  sqlite_key_journal j(path.string(), {.resume_within = std::chrono::hours(1)});
+  const auto old = j.entry_for("order-1/pay", "fp-1");
+  const auto young = j.entry_for("order-2/pay", "fp-1");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.string().c_str(), &db), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db,
+                           "UPDATE orpheus_client_keys SET created = datetime('now', '-2 hours') "
+                           "WHERE name = 'order-1/pay'",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  try {
+    (void)j.entry_for("order-1/pay", "fp-1");
+    ADD_FAILURE() << "an entry older than resume_within was resumed";
+  } catch (const entry_too_old& e) {
+    EXPECT_NE(std::string(e.what()).find(old.key), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(j.pending(), (std::vector<std::string>{"order-1/pay", "order-2/pay"}));
+  EXPECT_EQ(j.entry_for("order-2/pay", "fp-1").key, young.key);  // within: resumed
+  j.forget("order-1/pay");                                       // a person found out, and decided
+  EXPECT_NE(j.entry_for("order-1/pay", "fp-1").key, old.key);
   std::filesystem::remove(path);
 }
 

@@ -6,11 +6,13 @@
 #include <mutex>
 
 #include "orpheus/client/retry.hpp"
+#include "orpheus/error.hpp"
 
 namespace orpheus::client {
 
 struct sqlite_key_journal::impl {
   sqlite3* db = nullptr;
+  journal_options options;
   std::mutex m;  // one connection, used by one thread at a time
 
   void exec(const char* sql) {
@@ -56,7 +58,12 @@ struct sqlite_key_journal::impl {
   }
 };
 
-sqlite_key_journal::sqlite_key_journal(const std::string& path) : impl_(std::make_unique<impl>()) {
+sqlite_key_journal::sqlite_key_journal(const std::string& path, journal_options options)
+    : impl_(std::make_unique<impl>()) {
+  if (options.resume_within.count() <= 0) {
+    throw config_error("key journal: resume_within must be positive");
+  }
+  impl_->options = options;
   if (sqlite3_open(path.c_str(), &impl_->db) != SQLITE_OK) {
     const std::string msg = impl_->db ? sqlite3_errmsg(impl_->db) : "out of memory";
     sqlite3_close(impl_->db);
@@ -107,7 +114,9 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
   impl_->exec("BEGIN IMMEDIATE");
   try {
     const auto found = impl_->rows(
-        "SELECT idem_key, payload, completed FROM orpheus_client_keys WHERE name = ?", {name});
+        "SELECT idem_key, payload, completed, created, CAST((julianday('now') - "
+        "julianday(created)) * 86400 AS INTEGER) FROM orpheus_client_keys WHERE name = ?",
+        {name});
     std::string key;
     if (!found.empty()) {
       const auto& row = found[0];
@@ -117,6 +126,14 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
                                 row.at(2) + " UTC under key " + key +
                                 " (send that key to read its answer again); a new request needs "
                                 "a new name, or forget() of this one");
+      }
+      if (std::stoll(row.at(4)) > impl_->options.resume_within.count()) {
+        throw entry_too_old("key journal: '" + std::string(name) + "' was started at " + row.at(3) +
+                            " UTC under key " + key +
+                            ", longer ago than this journal resumes (resume_within): the "
+                            "server may have purged its record, and the key sent again would "
+                            "be a new request; find out what became of it, then complete() "
+                            "or forget() it");
       }
       if (row.at(1) != payload) {
         throw payload_changed("key journal: '" + std::string(name) +

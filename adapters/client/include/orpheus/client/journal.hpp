@@ -13,6 +13,7 @@
 // Thread safety: the SQLite journal may be used from several threads.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,18 @@ class request_completed : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
+/// The journal holds the logical request as pending, started longer ago than
+/// the journal resumes (journal_options::resume_within): the server may have
+/// purged its record by now (its retention, which it says in
+/// Idempotency-Key-Retention: 7 days by default), and the key sent again
+/// would be a new request, a second payment if the first went through. Find
+/// out what became of it (its status downstream), then complete() or forget()
+/// the name. Found in review: an entry was resumed whatever its age.
+class entry_too_old : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// A logical request's journal entry.
 struct journal_entry {
   std::string key;
@@ -57,9 +70,10 @@ class key_journal {
 
   /// The key of logical request `name`: the journaled one, or a new UUIDv4
   /// written durably before this returns. Throws payload_changed when `name`
-  /// was journaled with another payload fingerprint, and request_completed
+  /// was journaled with another payload fingerprint, request_completed
   /// when it was completed (its message names the key, whose answer the
-  /// server replays while it keeps the record).
+  /// server replays while it keeps the record), and entry_too_old (the SQLite
+  /// journal) when it was started too long ago to be resumed safely.
   virtual std::string key_for(std::string_view name, std::string_view payload_fingerprint) = 0;
   /// key_for(), and whether the entry was there already: use this one, and
   /// send with prepared_request::resuming(entry.resumed). Found in review:
@@ -85,11 +99,19 @@ class key_journal {
   virtual std::vector<std::string> pending() = 0;
 };
 
+struct journal_options {
+  /// A pending entry started longer ago is refused (entry_too_old), never
+  /// resumed. Keep it below the server's retention (orpheus::config::
+  /// retention, 7 days by default).
+  std::chrono::seconds resume_within = std::chrono::hours{24 * 6};
+};
+
 /// A journal in one SQLite file (WAL, synchronous=FULL).
 class sqlite_key_journal final : public key_journal {
  public:
-  /// Opens or creates the file; throws std::runtime_error when it cannot.
-  explicit sqlite_key_journal(const std::string& path);
+  /// Opens or creates the file; throws std::runtime_error when it cannot,
+  /// and orpheus::config_error when resume_within is not positive.
+  explicit sqlite_key_journal(const std::string& path, journal_options options = {});
   ~sqlite_key_journal() override;
   std::string key_for(std::string_view name, std::string_view payload_fingerprint) override;
   journal_entry entry_for(std::string_view name, std::string_view payload_fingerprint) override;
