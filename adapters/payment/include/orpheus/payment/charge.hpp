@@ -117,7 +117,13 @@ class gateway {
 
 /// The charge id. Throws orpheus::error classified as above; a retryable
 /// error is of class in_doubt when a charge under the downstream key may
-/// exist.
+/// exist. `step` names the charge in the downstream key
+/// (attempt::downstream_key()): each charge of one request needs its own.
+/// In a multi-step request (orpheus/steps.hpp) whose steps charge more than
+/// once, pass each step's name (a.step()): under the default two steps share
+/// one key, and the gateway answers the second with the first's charge. The
+/// default is kept as it is because changing it would change the key of a
+/// request in flight across an upgrade, and its retry would charge again.
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
                         std::string_view step = "charge");
 
