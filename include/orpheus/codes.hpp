@@ -78,6 +78,7 @@ inline constexpr std::string_view card_declined = "card_declined";
 inline constexpr std::string_view invalid_payment = "invalid_payment";
 inline constexpr std::string_view gateway_unreachable = "gateway_unreachable";
 inline constexpr std::string_view gateway_throttled = "gateway_throttled";
+inline constexpr std::string_view gateway_unauthorized = "gateway_unauthorized";
 inline constexpr std::string_view gateway_in_progress = "gateway_in_progress";
 inline constexpr std::string_view gateway_timeout = "gateway_timeout";
 inline constexpr std::string_view gateway_error = "gateway_error";

@@ -87,7 +87,10 @@ TEST(Payment, ErrorsAreClassified) {
                                                 // still working on a charge with this key (in
                                                 // doubt); a 429 that it did not look at it.
                                                 {gateway_status::in_progress, true, true, 503},
-                                                {gateway_status::throttled, true, false, 503}}) {
+                                                {gateway_status::throttled, true, false, 503},
+                                                // Found in review: this service's credentials
+                                                // refused (401/403) was invalid_payment, final.
+                                                {gateway_status::unauthorized, true, false, 503}}) {
     simulated_gateway g;
     g.charge_answer = {x.status, "", "detail"};
     try {
@@ -227,7 +230,8 @@ TEST(Payment, HttpStatusesMapToGatewayStatuses) {
                                                 {201, gateway_status::charged},
                                                 {400, gateway_status::invalid},
                                                 {402, gateway_status::declined},
-                                                {403, gateway_status::invalid},
+                                                {401, gateway_status::unauthorized},
+                                                {403, gateway_status::unauthorized},
                                                 {404, gateway_status::not_found},
                                                 {408, gateway_status::timeout},
                                                 {409, gateway_status::in_progress},

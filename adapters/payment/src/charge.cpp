@@ -59,6 +59,9 @@ gateway_status status_of_http(unsigned http_status) noexcept {
       return gateway_status::in_progress;
     case 429:
       return gateway_status::throttled;
+    case 401:  // this service's credentials (a key rotated, a permission missing)
+    case 403:
+      return gateway_status::unauthorized;
     default:
       break;
   }
@@ -88,6 +91,13 @@ std::string charge_id_of(const gateway_answer& answer) {
       // A 429 is an answer to this request alone: the gateway did not act on
       // it. Retryable, not in doubt (issue 7, defect 5: it was invalid_payment).
       not_yet(codes::gateway_throttled, "the gateway asked to slow down", answer.detail);
+    case gateway_status::unauthorized:
+      // The gateway refused this service's credentials before looking at
+      // the payment: nothing was done, and the same request goes through
+      // once they are put right (found in review: it was invalid_payment,
+      // a final failure replayed for good, during a key rotation say).
+      not_yet(codes::gateway_unauthorized, "the gateway refused this service's credentials",
+              answer.detail);
     case gateway_status::in_progress:
       // A 409: a charge with this key is still running at the gateway, so its
       // outcome is unknown (issue 7, defect 5: it was invalid_payment, a

@@ -67,11 +67,13 @@ enum class gateway_status {
   connect_failed,  ///< nothing was sent
   in_progress,     ///< 409/425: a request with this key is still being processed
   throttled,       ///< 429: the gateway refused to look at the request now
+  unauthorized,    ///< 401/403: this service's credentials refused; nothing done
 };
 
 /// The gateway_status of a gateway's HTTP status code, for adapters of HTTP
 /// gateways: 2xx charged, 402 declined, 404 not_found, 408 and 504 timeout,
-/// 409 and 425 in_progress, 429 throttled, other 5xx server_error, other 4xx
+/// 409 and 425 in_progress, 429 throttled, 401 and 403 unauthorized, other
+/// 5xx server_error, other 4xx
 /// invalid; anything else (1xx, 3xx) server_error, an unknown outcome. A
 /// gateway whose body says more (a decline answered with 200) refines it.
 /// Never map 409 or 429 to `invalid`: that records a charge that may exist as
