@@ -28,8 +28,9 @@ Usage: pay_client --server URL --amount N [flags]
                       the first send, so a crashed client resumes with it
   --name NAME         the logical request's name in the journal (required
                       with --journal); once its answer settled it, the name
-                      is refused (exit 2, naming the key: send --key K
-                      without --journal to read the answer again)
+                      is refused (exit 2, naming the key: within the
+                      server's retention, send --key K without --journal to
+                      read the answer again; the message says when not)
   --attempts N        attempt cap (default 8)
   --deadline-ms N     overall deadline (default 90000, the library's: it
                       outlasts a lease take-over on a server with the

@@ -799,7 +799,23 @@ TEST(Journal, AnEntryStartedLongerAgoThanItResumesIsRefused) {
   }
   EXPECT_EQ(j.pending(), (std::vector<std::string>{"order-1/pay", "order-2/pay"}));
   EXPECT_EQ(j.entry_for("order-2/pay", "fp-1").key, young.key);  // within: resumed
-  j.forget("order-1/pay");                                       // a person found out, and decided
+  // Completed long ago: refused, without the advice to send the key again.
+  j.complete("order-1/pay");
+  try {
+    (void)j.entry_for("order-1/pay", "fp-1");
+    ADD_FAILURE() << "a completed entry was resumed";
+  } catch (const request_completed& e) {
+    EXPECT_NE(std::string(e.what()).find("do not send it"), std::string::npos) << e.what();
+  }
+  j.complete("order-2/pay");
+  try {
+    (void)j.entry_for("order-2/pay", "fp-1");
+    ADD_FAILURE() << "a completed entry was resumed";
+  } catch (const request_completed& e) {
+    EXPECT_NE(std::string(e.what()).find("read its answer again"), std::string::npos) << e.what();
+  }
+  // A person found out what became of it, and decided.
+  j.forget("order-1/pay");
   EXPECT_NE(j.entry_for("order-1/pay", "fp-1").key, old.key);
   std::filesystem::remove(path);
 }

@@ -99,6 +99,10 @@ sqlite_key_journal::sqlite_key_journal(const std::string& path, journal_options 
 
 sqlite_key_journal::~sqlite_key_journal() { sqlite3_close(impl_->db); }
 
+void key_journal::forget(std::string_view name) {
+  throw std::logic_error("key journal: this journal cannot forget '" + std::string(name) + "'");
+}
+
 journal_entry key_journal::entry_for(std::string_view name, std::string_view payload_fingerprint) {
   const auto before = pending();
   const bool resumed = std::find(before.begin(), before.end(), name) != before.end();
@@ -122,10 +126,17 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
       const auto& row = found[0];
       key = row.at(0);
       if (!row.at(2).empty()) {
-        throw request_completed("key journal: '" + std::string(name) + "' was completed at " +
-                                row.at(2) + " UTC under key " + key +
-                                " (send that key to read its answer again); a new request needs "
-                                "a new name, or forget() of this one");
+        // Sending the key again reads the recorded answer only while the
+        // server keeps the record; after that it is a new request (found in
+        // review: the advice was given whatever the age).
+        const bool young = std::stoll(row.at(4)) <= impl_->options.resume_within.count();
+        throw request_completed(
+            "key journal: '" + std::string(name) + "' was completed at " + row.at(2) +
+            " UTC under key " + key +
+            (young ? " (send that key to read its answer again while the server keeps it)"
+                   : " (started longer ago than resume_within: the server may have purged its "
+                     "record, and that key sent again would be a new request; do not send it)") +
+            "; a new request needs a new name, or forget() of this one");
       }
       if (std::stoll(row.at(4)) > impl_->options.resume_within.count()) {
         throw entry_too_old("key journal: '" + std::string(name) + "' was started at " + row.at(3) +

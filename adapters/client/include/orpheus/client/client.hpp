@@ -72,13 +72,19 @@ class prepared_request {
   /// same logical request, the same key), start in doubt too (found in
   /// review: a call that stopped on its attempt cap after a lost answer, sent
   /// again and answered 401, was "settled").
+  /// resuming(false) is the caller's word that nothing was sent: it clears
+  /// the mark for every copy of the request.
   prepared_request& resuming(bool may_have_been_sent = true) noexcept {
-    in_doubt_->store(may_have_been_sent);
+    if (in_doubt_) in_doubt_->store(may_have_been_sent);
     return *this;
   }
-  [[nodiscard]] bool resuming_earlier_run() const noexcept { return in_doubt_->load(); }
+  [[nodiscard]] bool resuming_earlier_run() const noexcept {
+    return in_doubt_ && in_doubt_->load();
+  }
   /// Called by the retry loop when an attempt may have arrived unanswered.
-  void may_have_been_sent() const noexcept { in_doubt_->store(true); }
+  void may_have_been_sent() const noexcept {
+    if (in_doubt_) in_doubt_->store(true);
+  }
   /// A fresh HTTP message for one attempt, carrying the key as
   /// orpheus::key_header_value() writes it (quoted when it starts with '"' or holds a comma).
   [[nodiscard]] http_request message(const std::string& key_header) const;
@@ -155,6 +161,8 @@ struct client_options {
 /// The retry decisions of one call, shared by the sync and async forms.
 class retry_loop {
  public:
+  /// `o` and `req` must outlive the loop: it marks `req` when an attempt may
+  /// have arrived unanswered (prepared_request::resuming()).
   retry_loop(const client_options& o, const prepared_request& req);
   /// The timeout of the next attempt (the attempt timeout, cut to what is
   /// left of the deadline).
