@@ -143,8 +143,17 @@ completer_pass completer::run_once() {
 }
 
 void completer::start() {
+  if (std::this_thread::get_id() == loop_thread_.load()) return;  // it runs: this is it
   const std::lock_guard life(lifecycle_);
-  if (thread_.joinable()) return;
+  if (thread_.joinable()) {
+    bool ending = false;
+    {
+      const std::lock_guard lock(m_);
+      ending = stopping_;  // stopped from its own thread, and not joined yet
+    }
+    if (!ending) return;
+    thread_.join();
+  }
   {
     const std::lock_guard lock(m_);
     stopping_ = false;
@@ -156,6 +165,13 @@ void completer::stop() {
   // One at a time with start() (found in review: two stop()s, or a stop()
   // beside a start(), raced on thread_). The loop takes only m_, so joining
   // under lifecycle_ cannot wait for itself.
+  if (std::this_thread::get_id() == loop_thread_.load()) {
+    // On the background thread itself: it ends after this pass; whoever
+    // stops or destroys the completer joins it.
+    const std::lock_guard lock(m_);
+    stopping_ = true;
+    return;
+  }
   const std::lock_guard life(lifecycle_);
   {
     const std::lock_guard lock(m_);
@@ -166,6 +182,11 @@ void completer::stop() {
 }
 
 void completer::loop() {
+  loop_thread_.store(std::this_thread::get_id());
+  struct forget_id {
+    std::atomic<std::thread::id>& id;
+    ~forget_id() { id.store(std::thread::id{}); }
+  } on_exit{loop_thread_};
   for (;;) {
     completer_pass pass;
     try {

@@ -864,13 +864,20 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         }
         // A record of an older version of the handler may read on a server
         // that still has that version (a rolling deploy): the completer
-        // leaves it retryable for one, as a client's retry does, and it is
-        // parked once its budget is spent (above). Found in review: a
-        // deploy that changed a flow's steps had its completers park every
-        // request of the older version in flight, past the pivot too.
-        const bool older_version =
-            !locked->handler.empty() && locked->handler_version < ctx.handler_version;
-        if (unreadable && ctx.runner == runner_completer && !held_in_doubt && !older_version) {
+        // leaves it as it is for one, as it leaves a newer version's (its
+        // claim put it off by a lease), and it is parked once its budget is
+        // spent (above). Found in review: a deploy that changed a flow's
+        // steps had its completers park every request of the older version
+        // in flight, past the pivot too; and then, had they released it,
+        // each pass would have claimed it again and written its history.
+        const bool left_for_older_version = unreadable && ctx.runner == runner_completer &&
+                                            !locked->handler.empty() &&
+                                            locked->handler_version < ctx.handler_version;
+        if (left_for_older_version) {
+          t->rollback();
+          throw error(*unreadable);
+        }
+        if (unreadable && ctx.runner == runner_completer && !held_in_doubt) {
           // Nobody is waiting for this answer, and a later pass would meet
           // the same result: a person decides (requeue after a deploy).
           park_and_alert(store_, t, id, *locked, codes::pre_state_unreadable, config_, ctx.runner);

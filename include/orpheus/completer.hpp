@@ -27,6 +27,7 @@
 // completers may share a manager. The manager must outlive the completer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -86,6 +87,10 @@ class completer {
   /// that they run one at a time; thread_ is touched only under it.
   std::mutex lifecycle_;
   std::thread thread_;
+  /// The background thread's id while it runs: start() and stop() called on
+  /// it (from a handler, an observer) must not wait for lifecycle_, which a
+  /// stop() on another thread holds while it joins this one.
+  std::atomic<std::thread::id> loop_thread_{};
 };
 
 }  // namespace orpheus

@@ -2631,6 +2631,42 @@ TEST_P(Conformance, ACompleterStartedAndStoppedFromManyThreadsStillWorks) {
   EXPECT_EQ(rig.numbers, (std::vector<int>{1, 2}));
 }
 
+// Found in review of the fix above: stop() called on the completer's own
+// thread (from a handler) joined that thread, or, while another thread's
+// stop() held the lifecycle lock to join it, waited for ever. It now only
+// asks the loop to end; a later start() starts it again.
+TEST_P(Conformance, ACompleterStoppedFromItsOwnHandlerEndsAndStartsAgain) {
+  config cfg = short_lease();
+  cfg.retry_backoff_base = 20ms;
+  cfg.retry_backoff_max = 20ms;
+  manager m(*store_, cfg);
+  completer_rig rig;
+  const std::string handler = "self-stop-" + scope_.substr(6);
+  rig.register_on(m, handler);
+  completer c(m, {.batch = 32, .idle_wait = 5ms});
+  std::atomic<int> stops_from_within{0};
+  rig.fail = [&](const attempt& a) {
+    if (a.by_completer()) {
+      c.stop();  // on the completer's own thread
+      ++stops_from_within;
+      return false;
+    }
+    return true;  // the client's first attempt fails: retryable, due later
+  };
+  const auto finished_in_background = [&](const request_id& rid) {
+    EXPECT_THROW(m.process(handler, rid, pay_pre), error);
+    c.start();
+    for (int i = 0; i < 500 && store_->inspect(rid)->state != record_state::succeeded; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    c.stop();
+    return store_->inspect(rid)->state == record_state::succeeded;
+  };
+  EXPECT_TRUE(finished_in_background(id("k1")));
+  EXPECT_TRUE(finished_in_background(id("k2"))) << "the completer did not start again";
+  EXPECT_EQ(stops_from_within.load(), 2);
+}
+
 // Records that can still change are never remembered: a key in progress or
 // retryable is read from the database every time.
 TEST_P(Conformance, ReplayCacheKeepsNoUnfinishedRecord) {

@@ -486,6 +486,8 @@ TEST_P(Steps, ANewerCompleterLeavesARequestOfAnOlderFlowForAServerThatHasIt) {
   const auto pre = [&](tx&) { return order{oid, 5}; };
   EXPECT_THROW(old_server.process(handler, rid, pre), error);  // capture failed, retryable
   std::this_thread::sleep_for(40ms);                           // past the backoff
+  admin ops(*store_, cfg);
+  const auto history_before = ops.show(rid.scope, rid.key)->history.size();
   completer newer(new_server);
   completer_pass pass;
   for (int i = 0; i < 100 && pass.claimed == 0; ++i) {  // due once its backoff has passed
@@ -497,6 +499,8 @@ TEST_P(Steps, ANewerCompleterLeavesARequestOfAnOlderFlowForAServerThatHasIt) {
   EXPECT_EQ(pass.retrying, 1U);
   ASSERT_EQ(store_->inspect(rid)->state, record_state::retryable)
       << "a newer completer parked a request an older server can finish";
+  EXPECT_EQ(ops.show(rid.scope, rid.key)->history.size(), history_before)
+      << "left as it is: no attempt of the newer completer's own";
   EXPECT_EQ(old_server.process(handler, rid, pre).status, 201);
   EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "capture#2"}));
 }
