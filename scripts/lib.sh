@@ -28,14 +28,19 @@ install_packages() {
   # host that runs systemd): the scripts start the servers they need and stop
   # them. policy-rc.d says so to invoke-rc.d and deb-systemd-invoke for the
   # install, unless the host has a policy of its own.
-  local policy=/usr/sbin/policy-rc.d ours=0 status=0
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && ours=1
-  fi
-  { apt-get update -qq &&
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } || status=$?
-  [ $ours -eq 0 ] || rm -f "$policy"
-  return $status
+  # In a subshell whose traps remove it again, on Ctrl-C too (found in
+  # review: left behind, it would keep the host's services from starting).
+  (
+    set -e
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+      trap 'rm -f "$policy"' EXIT
+      trap 'exit 130' INT TERM
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+    fi
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  )
 }
 
 # The benchmarks' MariaDB settings (scripts/mariadb's ORPHEUS_MARIADB_CNF),

@@ -131,7 +131,22 @@ inline int free_port() {
     std::fclose(f);
   }
   constexpr int low = 10000;
-  if (ephemeral_low <= low + 1000) throw std::runtime_error("no port range below the ephemeral");
+  if (ephemeral_low <= low + 1000) {
+    // A host whose ephemeral range starts low ("1024 65535"): the kernel's
+    // choice, as before (found in review: this threw, and every test failed).
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw std::runtime_error("no free port");
+    }
+    ::close(fd);
+    return ntohs(a.sin_port);
+  }
   std::random_device seed;
   std::mt19937 pick(seed());
   std::uniform_int_distribution<int> port(low, ephemeral_low - 1);
