@@ -194,6 +194,30 @@ TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
   for (const auto& v : migrated["schema_version"]) EXPECT_EQ(v, store_->schema_version(0));
 }
 
+// Found in review: a key that starts with '-' could not be named. "-h" as
+// a key printed the usage and exited 0 having done nothing (not JSON, with
+// --json), and "--note" as a key was read as the flag. After "--" every
+// argument is positional.
+TEST_P(Orpheusctl, KeysThatStartWithADashAreNamedAfterTheEndOfOptions) {
+  config cfg;
+  cfg.max_attempts = 1;
+  manager m(*store_, cfg);
+  int rpcs = 0;
+  for (const std::string key : {"-h", "--note"}) {
+    EXPECT_THROW(pay(m, key, true, rpcs), error);
+    EXPECT_THROW(pay(m, key, true, rpcs), error);  // parked
+    ASSERT_EQ(store_->inspect(id(key))->state, record_state::parked) << key;
+  }
+  auto r = ctl({"--json", "show", "--", scope_, "-h"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.parsed()["key"], "-h");
+  EXPECT_EQ(r.parsed()["state"], "parked");
+  r = ctl({"--json", "requeue", "--note", "checked by hand", "--", scope_, "--note"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(store_->inspect(id("--note"))->state, record_state::retryable);
+  EXPECT_EQ(store_->inspect(id("-h"))->state, record_state::parked) << "another key changed";
+}
+
 TEST_P(Orpheusctl, CancelsAMultiStepRequestBeforeItsPivotOnly) {
   config cfg;
   cfg.max_attempts = 1;

@@ -45,6 +45,8 @@ Usage: orpheusctl --store S [--store S ...] [--json] COMMAND [ARGS] [FLAGS]
                         (default 86400000)
   --retention-ms N      the servers' retention: how long a resolved record is
                         kept (default 604800000)
+  --                    every argument after it is positional: for a scope
+                        or key that starts with '-' (... show -- SCOPE -KEY)
 
 Commands
   show SCOPE KEY        the record, its response and its history
@@ -102,8 +104,20 @@ struct arguments {
         {"state", true},  {"older-than", true}, {"limit", true},           {"note", true},
         {"status", true}, {"body", true},       {"content-type", true},    {"batch", true},
         {"help", false}};
+    bool options_end = false;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
+      // After "--" every argument is positional: a key may start with '-'
+      // (found in review: a key "-h" printed the usage and exited 0, having
+      // done nothing, and a key "--note" was read as the flag).
+      if (options_end) {
+        positional.push_back(a);
+        continue;
+      }
+      if (a == "--") {
+        options_end = true;
+        continue;
+      }
       if (a == "-h") throw usage_failure("");
       if (a.rfind("--", 0) != 0) {
         positional.push_back(a);
