@@ -31,15 +31,16 @@ install_packages() {
   # In a subshell whose traps remove it again, on Ctrl-C too (found in
   # review: left behind, it would keep the host's services from starting).
   (
-    set -e
     policy=/usr/sbin/policy-rc.d
     if [ ! -e "$policy" ]; then
       trap 'rm -f "$policy"' EXIT
-      trap 'exit 130' INT TERM
+      # Removed, then the signal passed on as it came (the caller sees it).
+      trap 'rm -f "$policy"; trap - INT EXIT; kill -INT $BASHPID' INT
+      trap 'rm -f "$policy"; trap - TERM EXIT; kill -TERM $BASHPID' TERM
       printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
     fi
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get update -qq &&
+      apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   )
 }
 

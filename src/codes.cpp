@@ -47,7 +47,7 @@ constexpr std::array registry{
     code_info{codes::invalid_payment, rejected, "payment"},
     code_info{codes::gateway_unreachable, unavailable, "payment"},
     code_info{codes::gateway_throttled, unavailable, "payment"},
-    code_info{codes::gateway_unauthorized, unavailable, "payment"},
+    code_info{codes::gateway_unauthorized, in_doubt, "payment"},
     code_info{codes::gateway_in_progress, in_doubt, "payment"},
     code_info{codes::gateway_timeout, in_doubt, "payment"},
     code_info{codes::gateway_error, in_doubt, "payment"},

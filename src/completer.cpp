@@ -166,8 +166,9 @@ void completer::stop() {
   // beside a start(), raced on thread_). The loop takes only m_, so joining
   // under lifecycle_ cannot wait for itself.
   if (std::this_thread::get_id() == loop_thread_.load()) {
-    // On the background thread itself: it ends after this pass; whoever
-    // stops or destroys the completer joins it.
+    // On the background thread itself: it ends after this pass; a stop() or
+    // start() on another thread joins it (the completer must not be
+    // destroyed on its own thread).
     const std::lock_guard lock(m_);
     stopping_ = true;
     return;

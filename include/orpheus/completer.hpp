@@ -71,7 +71,10 @@ class completer {
   /// stop() was called.
   completer_pass run_once();
 
-  /// Runs passes on a background thread until stop().
+  /// Runs passes on a background thread until stop(). On that thread (from
+  /// a handler or an observer) start() does nothing and stop() only ends the
+  /// loop after its pass, to be joined by a later start() or stop() on
+  /// another thread; the completer must not be destroyed on that thread.
   void start();
   void stop();
 

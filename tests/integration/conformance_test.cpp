@@ -2653,17 +2653,24 @@ TEST_P(Conformance, ACompleterStoppedFromItsOwnHandlerEndsAndStartsAgain) {
     }
     return true;  // the client's first attempt fails: retryable, due later
   };
-  const auto finished_in_background = [&](const request_id& rid) {
-    EXPECT_THROW(m.process(handler, rid, pay_pre), error);
-    c.start();
+  const auto wait_for_success = [&](const request_id& rid) {
     for (int i = 0; i < 500 && store_->inspect(rid)->state != record_state::succeeded; ++i) {
       std::this_thread::sleep_for(10ms);
     }
-    c.stop();
     return store_->inspect(rid)->state == record_state::succeeded;
   };
-  EXPECT_TRUE(finished_in_background(id("k1")));
-  EXPECT_TRUE(finished_in_background(id("k2"))) << "the completer did not start again";
+  EXPECT_THROW(m.process(handler, id("k1"), pay_pre), error);
+  c.start();
+  EXPECT_TRUE(wait_for_success(id("k1")));  // its handler stopped the completer
+  // The loop has ended: a record due meanwhile stays as it is.
+  EXPECT_THROW(m.process(handler, id("k2"), pay_pre), error);
+  std::this_thread::sleep_for(200ms);  // ten backoffs, forty idle waits
+  EXPECT_EQ(store_->inspect(id("k2"))->state, record_state::retryable)
+      << "the completer ran on after a stop() from its own handler";
+  // start() without a stop(): it joins the ended loop and starts a new one.
+  c.start();
+  EXPECT_TRUE(wait_for_success(id("k2"))) << "the completer did not start again";
+  c.stop();
   EXPECT_EQ(stops_from_within.load(), 2);
 }
 

@@ -123,7 +123,8 @@ struct listening_process {
 /// moment ago), below the kernel's ephemeral range: a server restarted on it
 /// later cannot find it taken by a client's own connection (whose source
 /// port the kernel picks from that range; connecting to a port nothing
-/// listens on can even connect a socket to itself).
+/// listens on can even connect a socket to itself). On a host whose range
+/// starts at 11000 or below, the kernel's choice, without that guarantee.
 inline int free_port() {
   int ephemeral_low = 32768;
   if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {

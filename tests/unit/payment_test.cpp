@@ -90,7 +90,7 @@ TEST(Payment, ErrorsAreClassified) {
                                                 {gateway_status::throttled, true, false, 503},
                                                 // Found in review: this service's credentials
                                                 // refused (401/403) was invalid_payment, final.
-                                                {gateway_status::unauthorized, true, false, 503}}) {
+                                                {gateway_status::unauthorized, true, true, 503}}) {
     simulated_gateway g;
     g.charge_answer = {x.status, "", "detail"};
     try {

@@ -92,12 +92,14 @@ std::string charge_id_of(const gateway_answer& answer) {
       // it. Retryable, not in doubt (issue 7, defect 5: it was invalid_payment).
       not_yet(codes::gateway_throttled, "the gateway asked to slow down", answer.detail);
     case gateway_status::unauthorized:
-      // The gateway refused this service's credentials before looking at
-      // the payment: nothing was done, and the same request goes through
-      // once they are put right (found in review: it was invalid_payment,
-      // a final failure replayed for good, during a key rotation say).
-      not_yet(codes::gateway_unauthorized, "the gateway refused this service's credentials",
-              answer.detail);
+      // The gateway refused this service's credentials, most likely before
+      // looking at the payment, and the same request goes through once they
+      // are put right (found in review: it was invalid_payment, a final
+      // failure replayed for good, during a key rotation say). In doubt all
+      // the same: a proxy between may answer 403 for a call it passed on,
+      // and holding the key costs only the lease (a second review).
+      unknown_outcome(codes::gateway_unauthorized,
+                      "the gateway refused this service's credentials: " + answer.detail);
     case gateway_status::in_progress:
       // A 409: a charge with this key is still running at the gateway, so its
       // outcome is unknown (issue 7, defect 5: it was invalid_payment, a

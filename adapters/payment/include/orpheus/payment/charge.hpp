@@ -67,7 +67,7 @@ enum class gateway_status {
   connect_failed,  ///< nothing was sent
   in_progress,     ///< 409/425: a request with this key is still being processed
   throttled,       ///< 429: the gateway refused to look at the request now
-  unauthorized,    ///< 401/403: this service's credentials refused; nothing done
+  unauthorized,    ///< 401/403: this service's credentials refused (in doubt: a proxy may say so)
 };
 
 /// The gateway_status of a gateway's HTTP status code, for adapters of HTTP
