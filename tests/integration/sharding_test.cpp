@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -542,56 +543,82 @@ TEST(Sharding, OneDatabaseListedAsTwoShardsIsAConfigurationError) {
   EXPECT_THROW(mysql_store{o}, config_error);
 }
 
+// A MariaDB user of its own on a migrated one-shard database, granted table
+// by table what `grants(table)` says (a database-wide grant reaches open
+// connections only at their next USE; a table's, at once), and dropped at
+// the end.
+struct restricted_user {
+  restricted_user(const std::string& prefix,
+                  const std::function<std::string(const std::string&)>& grants)
+      : dbs("orpheus_grant_"), name(prefix + test::random_hex(4)) {
+    if (dbs.servers.size() != 2U) return;  // scratch_databases said why
+    mysql_store(dbs.map({0})).migrate();
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    const auto tables = t->query(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", dbs.name);
+    t->commit();
+    as_root("CREATE USER '" + name + "'@'127.0.0.1' IDENTIFIED BY 'p'");
+    for (const auto& row : tables) {
+      const auto table = row.get<std::string>(0);
+      const auto what = grants(table);
+      if (!what.empty()) grant(what, table);
+    }
+  }
+  restricted_user(const restricted_user&) = delete;
+  restricted_user& operator=(const restricted_user&) = delete;
+  ~restricted_user() {
+    try {
+      as_root("DROP USER IF EXISTS '" + name + "'@'127.0.0.1'");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "could not drop user " << name << ": " << e.what();
+    }
+  }
+
+  void as_root(const std::string& sql) {
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    t->execute(sql);
+    t->commit();
+  }
+  void grant(const std::string& what, const std::string& table) {
+    as_root("GRANT " + what + " ON " + dbs.name + "." + table + " TO '" + name + "'@'127.0.0.1'");
+  }
+  [[nodiscard]] mysql_options options() const {
+    mysql_options o = dbs.map({0});
+    o.shards[0].user = name;
+    o.shards[0].password = "p";
+    return o;
+  }
+  [[nodiscard]] std::int64_t records() {
+    auto t = dbs.servers[0]->begin_on_shard(0);
+    const auto n =
+        t->query("SELECT COUNT(*) FROM " + dbs.name + ".orpheus_records")[0].get<std::int64_t>(0);
+    t->commit();
+    return n;
+  }
+
+  scratch_databases dbs;
+  std::string name;
+};
+
 // Found in a session's notes: a user without SELECT on orpheus_shard_map
 // got a permanent error (500) on every request, telling clients to give up
 // on payments that go through once the grant is fixed. It is refused like a
 // shard with no row: retryable, before anything is written.
 TEST(Sharding, AUserWhoCannotReadTheShardMapIsRefusedRetryably) {
-  scratch_databases dbs("orpheus_grant_");
-  ASSERT_EQ(dbs.servers.size(), 2U);
-  mysql_store(dbs.map({0})).migrate();
-  const std::string user = "nomap" + test::random_hex(4);
-  const auto as_root = [&](const std::string& sql) {
-    auto t = dbs.servers[0]->begin_on_shard(0);
-    t->execute(sql);
-    t->commit();
-  };
-  {
-    // Every table of the schema but the map's.
-    auto t = dbs.servers[0]->begin_on_shard(0);
-    const auto tables = t->query(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = ? AND table_name "
-        "<> 'orpheus_shard_map'",
-        dbs.name);
-    t->commit();
-    ASSERT_GE(tables.size(), 2U);
-    as_root("CREATE USER '" + user + "'@'127.0.0.1' IDENTIFIED BY 'p'");
-    for (const auto& row : tables) {
-      as_root("GRANT SELECT, INSERT, UPDATE, DELETE ON " + dbs.name + "." +
-              row.get<std::string>(0) + " TO '" + user + "'@'127.0.0.1'");
-    }
-  }
-  mysql_options o = dbs.map({0});
-  o.shards[0].user = user;
-  o.shards[0].password = "p";
-  mysql_store limited(o);
+  restricted_user user("nomap", [](const std::string& table) {
+    return table == "orpheus_shard_map" ? "" : "SELECT, INSERT, UPDATE, DELETE";
+  });
+  ASSERT_EQ(user.dbs.servers.size(), 2U);
+  mysql_store limited(user.options());
   manager m(limited);
   int rpcs = 0;
   const request_id id{"map", "grant-1", fingerprint_of("x")};
   expect_refused(m, id, rpcs, "orpheus_shard_map", "no SELECT on orpheus_shard_map");
-  {
-    auto t = dbs.servers[0]->begin_on_shard(0);
-    EXPECT_EQ(
-        t->query("SELECT COUNT(*) FROM " + dbs.name + ".orpheus_records")[0].get<std::int64_t>(0),
-        0)
-        << "a record was written";
-    t->commit();
-  }
+  EXPECT_EQ(user.records(), 0) << "a record was written";
   // Once granted, the next request goes through: nothing is remembered.
-  as_root("GRANT SELECT ON " + dbs.name + ".orpheus_shard_map TO '" + user + "'@'127.0.0.1'");
+  user.grant("SELECT", "orpheus_shard_map");
   EXPECT_EQ(pay(m, id, rpcs).status, 201);
   EXPECT_EQ(rpcs, 1);
-  as_root("DROP USER '" + user + "'@'127.0.0.1'");
 }
 
 // Found in review: the same for a revoked INSERT on orpheus_records (or a
@@ -599,44 +626,20 @@ TEST(Sharding, AUserWhoCannotReadTheShardMapIsRefusedRetryably) {
 // were permanent, so the first transaction, where nothing has happened,
 // told clients to give up on a payment that goes through once it is fixed.
 TEST(Sharding, AUserWhoCannotWriteTheRecordsIsRefusedRetryably) {
-  scratch_databases dbs("orpheus_grant_");
-  ASSERT_EQ(dbs.servers.size(), 2U);
-  mysql_store(dbs.map({0})).migrate();
-  const std::string user = "noinsert" + test::random_hex(4);
-  const auto as_root = [&](const std::string& sql) {
-    auto t = dbs.servers[0]->begin_on_shard(0);
-    t->execute(sql);
-    t->commit();
-  };
-  {
-    // Table by table (a database-wide grant reaches open connections only at
-    // their next USE): everything, but no INSERT on orpheus_records.
-    auto t = dbs.servers[0]->begin_on_shard(0);
-    const auto tables = t->query(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", dbs.name);
-    t->commit();
-    ASSERT_GE(tables.size(), 3U);
-    as_root("CREATE USER '" + user + "'@'127.0.0.1' IDENTIFIED BY 'p'");
-    for (const auto& row : tables) {
-      const auto table = row.get<std::string>(0);
-      as_root(std::string("GRANT SELECT, UPDATE, DELETE") +
-              (table == "orpheus_records" ? "" : ", INSERT") + " ON " + dbs.name + "." + table +
-              " TO '" + user + "'@'127.0.0.1'");
-    }
-  }
-  mysql_options o = dbs.map({0});
-  o.shards[0].user = user;
-  o.shards[0].password = "p";
-  mysql_store limited(o);
+  restricted_user user("noinsert", [](const std::string& table) {
+    return table == "orpheus_records" ? "SELECT, UPDATE, DELETE" : "SELECT, INSERT, UPDATE, DELETE";
+  });
+  ASSERT_EQ(user.dbs.servers.size(), 2U);
+  mysql_store limited(user.options());
   manager m(limited);
   int rpcs = 0;
   const request_id id{"grant", "insert-1", fingerprint_of("x")};
   expect_refused(m, id, rpcs, "1142", "no INSERT on orpheus_records");
+  EXPECT_EQ(user.records(), 0) << "a record was written";
   // Once granted, the next request goes through.
-  as_root("GRANT INSERT ON " + dbs.name + ".orpheus_records TO '" + user + "'@'127.0.0.1'");
+  user.grant("INSERT", "orpheus_records");
   EXPECT_EQ(pay(m, id, rpcs).status, 201);
   EXPECT_EQ(rpcs, 1);
-  as_root("DROP USER '" + user + "'@'127.0.0.1'");
 }
 
 }  // namespace
