@@ -98,6 +98,15 @@ class Conformance : public testing::TestWithParam<std::string> {
     return c;
   }
 
+  // short_lease(), and a 20 ms backoff: a retryable record is due for a
+  // completer after a short sleep.
+  config short_backoff() const {
+    config c = short_lease();
+    c.retry_backoff_base = 20ms;
+    c.retry_backoff_max = 20ms;
+    return c;
+  }
+
   // A request whose RPC counts its runs and answers "charged N". Its record
   // expires at once, so the next purge takes it (the replay cache tests).
   static response charge_expiring(manager& m, const request_id& rid, int& runs) {
@@ -1331,9 +1340,7 @@ TEST_P(Conformance, AnAttemptThatNeverFinishedKeepsResolveWaitingForItsWindow) {
 // the newer request's stored Pre-RPC result. Now it is refused, retryable,
 // and changes nothing, as the older build's completer leaves such records.
 TEST_P(Conformance, AnOlderHandlerVersionNeverRunsANewerVersionsRecord) {
-  config cfg = short_lease();
-  cfg.retry_backoff_base = 20ms;
-  cfg.retry_backoff_max = 20ms;
+  config cfg = short_backoff();
   const std::string handler = "ver-" + scope_.substr(6);
   manager newer(*store_, cfg);
   completer_rig v2;
@@ -1472,9 +1479,7 @@ TEST_P(Conformance, TheCompleterCountsAnyExceptionAsRetrying) {
 }
 
 TEST_P(Conformance, TheCompleterFinishesARequestWhoseClientWentAway) {
-  config cfg = short_lease();
-  cfg.retry_backoff_base = 20ms;
-  cfg.retry_backoff_max = 20ms;
+  config cfg = short_backoff();
   manager m(*store_, cfg);
   completer_rig rig;
   const std::string handler = "pay-" + scope_.substr(6);
@@ -2556,9 +2561,7 @@ TEST_P(Conformance, ReplayCacheIsEmptiedByAPurgeThatFails) {
 // failed, was claimed by this manager's completer and "finished" from
 // memory: nothing ran, and it was claimed again every lease.
 TEST_P(Conformance, TheCompleterIsNeverAnsweredFromTheReplayCache) {
-  config cfg = short_lease();
-  cfg.retry_backoff_base = 20ms;
-  cfg.retry_backoff_max = 20ms;
+  config cfg = short_backoff();
   cfg.replay_cache_bytes = 1 << 20;
   manager cached(*store_, cfg);
   manager plain(*store_, cfg);
@@ -2595,9 +2598,7 @@ TEST_P(Conformance, TheCompleterIsNeverAnsweredFromTheReplayCache) {
 // at once (the TSan run of this suite watches); then it still finishes
 // what is due, in the background.
 TEST_P(Conformance, ACompleterStartedAndStoppedFromManyThreadsStillWorks) {
-  config cfg = short_lease();
-  cfg.retry_backoff_base = 20ms;
-  cfg.retry_backoff_max = 20ms;
+  config cfg = short_backoff();
   manager m(*store_, cfg);
   completer_rig rig;
   const std::string handler = "lifecycle-" + scope_.substr(6);
@@ -2636,9 +2637,7 @@ TEST_P(Conformance, ACompleterStartedAndStoppedFromManyThreadsStillWorks) {
 // stop() held the lifecycle lock to join it, waited for ever. It now only
 // asks the loop to end; a later start() starts it again.
 TEST_P(Conformance, ACompleterStoppedFromItsOwnHandlerEndsAndStartsAgain) {
-  config cfg = short_lease();
-  cfg.retry_backoff_base = 20ms;
-  cfg.retry_backoff_max = 20ms;
+  config cfg = short_backoff();
   manager m(*store_, cfg);
   completer_rig rig;
   const std::string handler = "self-stop-" + scope_.substr(6);

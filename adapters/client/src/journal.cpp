@@ -125,11 +125,11 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
     if (!found.empty()) {
       const auto& row = found[0];
       key = row.at(0);
+      // Sending the key again reads the recorded answer only while the
+      // server keeps the record; after that it is a new request (found in
+      // review: the advice was given whatever the age).
+      const bool young = std::stoll(row.at(4)) <= impl_->options.resume_within.count();
       if (!row.at(2).empty()) {
-        // Sending the key again reads the recorded answer only while the
-        // server keeps the record; after that it is a new request (found in
-        // review: the advice was given whatever the age).
-        const bool young = std::stoll(row.at(4)) <= impl_->options.resume_within.count();
         throw request_completed(
             "key journal: '" + std::string(name) + "' was completed at " + row.at(2) +
             " UTC under key " + key +
@@ -138,7 +138,7 @@ journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_v
                      "record, and that key sent again would be a new request; do not send it)") +
             "; a new request needs a new name, or forget() of this one");
       }
-      if (std::stoll(row.at(4)) > impl_->options.resume_within.count()) {
+      if (!young) {
         throw entry_too_old("key journal: '" + std::string(name) + "' was started at " + row.at(3) +
                             " UTC under key " + key +
                             ", longer ago than this journal resumes (resume_within): the "
