@@ -102,7 +102,14 @@ void show(const char* what, const std::function<orpheus::response()>& f) {
 
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "payment_retry.db";
-  std::filesystem::remove(path);
+  // Each run starts afresh: the database is deleted first, so only a file
+  // named *.db is (found in review: any path given was deleted).
+  if (path.size() < 4 || path.compare(path.size() - 3, 3, ".db") != 0 ||
+      (std::filesystem::exists(path) && !std::filesystem::is_regular_file(path))) {
+    std::cerr << "usage: orpheus_example_payment_retry [FILE.db] (deleted and created afresh)\n";
+    return 2;
+  }
+  for (const auto& f : {path, path + "-wal", path + "-shm"}) std::filesystem::remove(f);
   orpheus::sqlite_store store({.path = path});
   store.migrate();
   {

@@ -287,18 +287,20 @@ class bank {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// Any failure (a port in use, an unreadable answer) is a message and exit 1,
+// never an abort (found in review: main() caught nothing).
+int main(int argc, char** argv) try {
   examples::flags f(argc, argv, usage);
-  const auto port = f.num("port", 0);
-  const auto latency = std::chrono::milliseconds(f.num("latency-ms", 0));
-  const auto hold = std::chrono::milliseconds(f.num("hold-after-charge-ms", 0));
+  const auto port = f.num("port", 0, 0, 65535);
+  const auto latency = std::chrono::milliseconds(f.millis("latency-ms", 0));
+  const auto hold = std::chrono::milliseconds(f.millis("hold-after-charge-ms", 0));
   const auto dedup = f.str("dedup", "on");
   if (dedup != "on" && dedup != "off") f.fail("--dedup wants on or off");
   bank b(f.real("fail-rate", 0), f.real("drop-rate", 0), f.real("decline-rate", 0),
          f.real("capture-decline-rate", 0), dedup == "on",
          static_cast<std::uint64_t>(f.num("seed", 1)));
-  const auto down_every = std::chrono::milliseconds(f.num("ledger-down-every-ms", 0));
-  const auto down_for = std::chrono::milliseconds(f.num("ledger-down-for-ms", 0));
+  const auto down_every = std::chrono::milliseconds(f.millis("ledger-down-every-ms", 0));
+  const auto down_for = std::chrono::milliseconds(f.millis("ledger-down-for-ms", 0));
   if (down_every.count() < 0 || down_for.count() < 0 ||
       (down_for.count() > 0 && down_every <= down_for)) {
     f.fail("--ledger-down-for-ms wants --ledger-down-every-ms longer than it");
@@ -365,4 +367,7 @@ int main(int argc, char** argv) {
   pool.drain();
   s.stop();
   return 0;
+} catch (const std::exception& e) {
+  std::cerr << "bank_simulator: " << e.what() << "\n";
+  return 1;
 }

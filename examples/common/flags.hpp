@@ -1,7 +1,11 @@
 // A tiny flag parser for the example programs: --name=value or --name value,
-// switches (--name alone), --help. Unknown flags and bad numbers are errors, reported by name.
+// switches (--name alone), --help. Unknown flags, bad numbers, numbers out of
+// range, empty values and a flag given twice (except one read with all())
+// are errors, reported by name, before the program does anything.
 #pragma once
 
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -42,10 +46,17 @@ class flags {
     }
   }
 
+  /// The flag's value, or `fallback` when it is not given. Given empty
+  /// (`--store ""`, `--store=`, an unset variable in a script) or twice is an
+  /// error: found in review, an empty --store silently opened a new SQLite
+  /// file, and a repeated flag silently took its last value.
   std::string str(const std::string& name, const std::string& fallback) {
     used_.push_back(name);
     auto it = values_.find(name);
-    return it == values_.end() ? fallback : it->second.back();
+    if (it == values_.end()) return fallback;
+    if (it->second.size() != 1) fail("--" + name + " is given more than once");
+    if (it->second.back().empty()) fail("--" + name + " is given an empty value");
+    return it->second.back();
   }
   /// Whether the switch `name` was given.
   bool on(const std::string& name) {
@@ -53,25 +64,45 @@ class flags {
     used_.push_back(name);
     return values_.count(name) != 0;
   }
+  /// Every value of a flag that may be given more than once; none empty.
   std::vector<std::string> all(const std::string& name) {
     used_.push_back(name);
     auto it = values_.find(name);
-    return it == values_.end() ? std::vector<std::string>{} : it->second;
+    if (it == values_.end()) return {};
+    for (const auto& v : it->second) {
+      if (v.empty()) fail("--" + name + " is given an empty value");
+    }
+    return it->second;
   }
-  long num(const std::string& name, long fallback) {
+  /// A whole number from `lo` to `hi`. Found in review: 99999999999999999999
+  /// was read as LONG_MAX (a payment of that many minor units was sent).
+  long num(const std::string& name, long fallback, long lo = LONG_MIN, long hi = LONG_MAX) {
     const auto v = str(name, "");
     if (v.empty()) return fallback;
     char* end = nullptr;
+    errno = 0;
     const long n = std::strtol(v.c_str(), &end, 10);
-    if (*end != '\0') fail("--" + name + " wants a whole number, got " + v);
+    if (*end != '\0' || end == v.c_str()) fail("--" + name + " wants a whole number, got " + v);
+    if (errno == ERANGE || n < lo || n > hi) {
+      fail("--" + name + " wants a number from " + std::to_string(lo) + " to " +
+           std::to_string(hi) + ", got " + v);
+    }
     return n;
   }
+  /// A duration in milliseconds, from `lo` to a year. Found in review: a
+  /// larger one overflowed the nanoseconds of Beast's timers (every
+  /// connection was closed at once) and of condition_variable::wait_for.
+  long millis(const std::string& name, long fallback, long lo = 0) {
+    return num(name, fallback, lo, 365L * 24 * 3600 * 1000);
+  }
+  /// A rate in [0, 1]; NaN is refused (found in review: `nan` passed).
   double real(const std::string& name, double fallback) {
     const auto v = str(name, "");
     if (v.empty()) return fallback;
     char* end = nullptr;
     const double d = std::strtod(v.c_str(), &end);
-    if (*end != '\0' || d < 0 || d > 1) fail("--" + name + " wants a rate in [0, 1], got " + v);
+    if (*end != '\0' || end == v.c_str() || !(d >= 0 && d <= 1))
+      fail("--" + name + " wants a rate in [0, 1], got " + v);
     return d;
   }
   /// Call after reading every flag: refuses flags nobody asked for.

@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "../common/flags.hpp"
 #include "orpheus/client/client.hpp"
@@ -23,7 +24,8 @@ Usage: pay_client --server URL --amount N [flags]
   --currency C        three letters (default EUR)
   --customer C        (default cus_1)
   --key K             the idempotency key (default: a new UUIDv4, or the
-                      journal's key for --name)
+                      journal's key for --name); not with --journal: a
+                      payment sent with --key K is resumed with --key K
   --journal PATH      a SQLite key journal: the key is written there before
                       the first send, so a crashed client resumes with it
   --name NAME         the logical request's name in the journal (required
@@ -55,24 +57,42 @@ int main(int argc, char** argv) {
   // is paying (found in review: an exported key blocked --client).
   const char* env_key = std::getenv("ORPHEUS_API_KEY");
   const auto api_key = f.str("api-key", env_key != nullptr && client.empty() ? env_key : "");
-  const long amount = f.num("amount", 0);
+  const long amount = f.num("amount", 0, 1, 1L << 53);
   const auto currency = f.str("currency", "EUR");
   const auto customer = f.str("customer", "cus_1");
   auto key = f.str("key", "");
   const auto journal_path = f.str("journal", "");
   const auto name = f.str("name", "");
   orpheus::client::client_options options;
-  options.policy.max_attempts = static_cast<int>(f.num("attempts", 8));
+  options.policy.max_attempts = static_cast<int>(f.num("attempts", 8, 1, 1000));
   // Issue 7, defect 11: this was 30000, the server's whole lease, so a 409
   // for the rest of a lost attempt's lease ended the call.
   options.policy.deadline =
-      std::chrono::milliseconds(f.num("deadline-ms", options.policy.deadline.count()));
+      std::chrono::milliseconds(f.millis("deadline-ms", options.policy.deadline.count(), 1));
   f.done();
   if (server.empty() || amount <= 0) f.fail("--server and --amount are required");
   if (api_key.empty() == client.empty()) {
     f.fail("say who is paying: --api-key (or ORPHEUS_API_KEY), or else --client");
   }
   if (!journal_path.empty() && name.empty()) f.fail("--journal needs --name");
+  // Found in review: --key with --journal on a new name wrote a new key to
+  // the journal and then refused, so a run without --key sent that key
+  // instead of the one a run with --key K may already have paid with.
+  if (!journal_path.empty() && !key.empty()) {
+    f.fail(
+        "--key and --journal do not go together: a payment sent with --key K is resumed with "
+        "--key K (without --journal), one started with --journal by its --name");
+  }
+  // Everything checked before the journal is written (found in review: a bad
+  // --server left an entry behind, and the corrected run was "resuming").
+  if (auto why = orpheus::invalid_key_reason(key); !key.empty() && why) f.fail("--key: " + *why);
+  std::optional<orpheus::beast::http_endpoint> endpoint;
+  try {
+    endpoint = orpheus::beast::parse_http_url(server);
+    orpheus::client::validate(options.policy);
+  } catch (const std::exception& e) {
+    f.fail(e.what());
+  }
 
   try {
     const std::string body =
@@ -84,10 +104,8 @@ int main(int argc, char** argv) {
     if (!journal_path.empty()) {
       journal = std::make_unique<orpheus::client::sqlite_key_journal>(journal_path);
       const auto entry = journal->entry_for(name, orpheus::fingerprint_of(body));
-      if (!key.empty() && key != entry.key)
-        f.fail("--key differs from the journal's key for --name");
       key = entry.key;
-      resuming = resuming || entry.resumed;
+      resuming = entry.resumed;
     }
     if (key.empty()) key = orpheus::client::new_idempotency_key();
     std::cout << "key " << key << std::endl;  // before the first send
@@ -99,7 +117,7 @@ int main(int argc, char** argv) {
                                        : "")
                 << "\n";
     };
-    orpheus::client::idempotent_client api(orpheus::beast::parse_http_url(server), options);
+    orpheus::client::idempotent_client api(*endpoint, options);
     orpheus::client::prepared_request req(
         boost::beast::http::verb::post, "/v1/payments", body,
         {{"Content-Type", "application/json"},

@@ -79,15 +79,17 @@ std::optional<http_response> send_payment(const orpheus::client::idempotent_clie
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// Any failure (a port in use, an unreadable answer) is a message and exit 1,
+// never an abort (found in review: main() caught nothing).
+int main(int argc, char** argv) try {
   examples::flags f(argc, argv, usage);
   const auto server_url = f.str("server", "");
   const auto bank_url = f.str("bank", "");
   const auto api_keys = f.all("api-key");
-  const long payments = f.num("payments", 300);
-  const long concurrency = f.num("concurrency", 8);
+  const long payments = f.num("payments", 300, 1, 1000000);
+  const long concurrency = f.num("concurrency", 8, 1, 1024);
   const double resend = f.real("resend-rate", 0.3);
-  const long settle_ms = f.num("settle-ms", 30000);
+  const long settle_ms = f.millis("settle-ms", 30000);
   f.done();
   if (server_url.empty() || bank_url.empty() || api_keys.empty())
     f.fail("--server, --bank and --api-key are required");
@@ -185,4 +187,7 @@ int main(int argc, char** argv) {
                             : charges == t.succeeded && t.gave_up == 0);
   if (!ok) std::cout << "MISMATCH: see the figures above\n";
   return ok ? 0 : 1;
+} catch (const std::exception& e) {
+  std::cerr << "payments_demo: " << e.what() << "\n";
+  return 1;
 }

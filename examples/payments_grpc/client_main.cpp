@@ -40,11 +40,11 @@ int main(int argc, char** argv) {
   const char* env_key = std::getenv("ORPHEUS_API_KEY");
   const auto api_key = f.str("api-key", env_key != nullptr ? env_key : "");
   payments::v1::CreatePaymentRequest request;
-  request.set_amount(f.num("amount", 0));
+  request.set_amount(f.num("amount", 0, 1, 1L << 53));
   request.set_currency(f.str("currency", "EUR"));
   request.set_customer(f.str("customer", "cus_1"));
   auto key = f.str("key", "");
-  const long attempts = f.num("attempts", 8);
+  const long attempts = f.num("attempts", 8, 1, 1000);
   f.done();
   if (server.empty() || api_key.empty() || request.amount() <= 0 || attempts < 1) {
     f.fail("--server, --api-key (or ORPHEUS_API_KEY) and --amount are required");

@@ -46,27 +46,34 @@ finish and are answered, then it exits 0.
 
 int main(int argc, char** argv) {
   examples::flags f(argc, argv, usage);
-  const long port = f.num("port", 0);
+  const long port = f.num("port", 0, 0, 65535);
   auto specs = f.all("store");
   if (specs.empty()) specs.emplace_back("sqlite:payments-grpc.db");
-  const auto store_specs = examples::payments_server::store_parts(specs);
+  const auto store_specs = [&] {
+    try {
+      return examples::payments_server::store_parts(specs);
+    } catch (const std::exception& e) {
+      f.fail(e.what());
+    }
+  }();
   const std::string bank_url = f.str("bank", "");
   const std::string api_keys_path = f.str("api-keys", "");
   orpheus::config cfg;
-  cfg.lease = std::chrono::milliseconds(f.num("lease-ms", 10000));
-  cfg.rpc_timeout = std::chrono::milliseconds(f.num("rpc-timeout-ms", 5000));
-  cfg.retry_window = std::chrono::milliseconds(f.num("retry-window-ms", 24L * 3600 * 1000));
-  cfg.retention = std::chrono::milliseconds(f.num("retention-ms", 7L * 24 * 3600 * 1000));
-  const long workers = f.num("workers", 16);
-  const long queue = f.num("queue", 256);
-  const long purge_interval = f.num("purge-interval-ms", 60000);
-  const long purge_batch = f.num("purge-batch", 1000);
+  cfg.lease = std::chrono::milliseconds(f.millis("lease-ms", 10000, 1));
+  cfg.rpc_timeout = std::chrono::milliseconds(f.millis("rpc-timeout-ms", 5000, 1));
+  cfg.retry_window = std::chrono::milliseconds(f.millis("retry-window-ms", 24L * 3600 * 1000, 1));
+  cfg.retention = std::chrono::milliseconds(f.millis("retention-ms", 7L * 24 * 3600 * 1000, 1));
+  const long workers = f.num("workers", 16, 1, 4096);
+  const long queue = f.num("queue", 256, 1, 1L << 20);
+  const long purge_interval = f.millis("purge-interval-ms", 60000, 1);
+  const long purge_batch = f.num("purge-batch", 1000, 1, 1L << 20);
   f.done();
   if (bank_url.empty() || api_keys_path.empty()) f.fail("--bank and --api-keys are required");
-  if (port < 0 || port > 65535 || workers < 1 || queue < 1)
-    f.fail("--port, --workers or --queue out of range");
-  if (purge_interval < 1 || purge_batch < 1 || cfg.retention.count() < 1)
-    f.fail("--retention-ms, --purge-interval-ms and --purge-batch must be positive");
+  try {  // before the store opens: a refused setting changes nothing
+    orpheus::validate(cfg);
+  } catch (const orpheus::config_error& e) {
+    f.fail(e.what());
+  }
 
   try {
     auto keys = orpheus::api_keys::load(api_keys_path);

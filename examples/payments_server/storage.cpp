@@ -1,10 +1,10 @@
 #include "storage.hpp"
 
 #include <iostream>
-#include <sstream>
 #include <stdexcept>
 
 #include "orpheus/error.hpp"
+#include "orpheus/store/list.hpp"
 #include "orpheus/store/sqlite.hpp"
 #if PAYMENTS_SERVER_WITH_MYSQL  // set by examples/CMakeLists.txt from ORPHEUS_WITH_MYSQL
 #include "orpheus/store/mysql.hpp"
@@ -13,21 +13,8 @@
 namespace examples::payments_server {
 
 std::vector<std::string> store_parts(const std::vector<std::string>& specs) {
-  std::vector<std::string> parts;
-  for (const auto& s : specs) {
-    std::stringstream ss(s);
-    for (std::string p; std::getline(ss, p, ',');) {
-      // A comma starts a shard only before a URL: in "mysql://u:p@h1,h2/d"
-      // it separates the nodes of one shard (a Galera cluster).
-      const bool shard = p.rfind("mysql://", 0) == 0 || p.rfind("sqlite:", 0) == 0;
-      if (!shard && !parts.empty() && parts.back().rfind("mysql://", 0) == 0) {
-        parts.back() += "," + p;
-      } else if (!p.empty()) {
-        parts.push_back(p);
-      }
-    }
-  }
-  if (parts.empty()) parts.push_back("sqlite:payments.db");
+  auto parts = orpheus::split_store_list(specs);                // throws config_error on a bad list
+  if (parts.empty()) parts.emplace_back("sqlite:payments.db");  // no --store at all
   return parts;
 }
 

@@ -17,8 +17,8 @@
 
 namespace examples::payments_server {
 
-/// The --store flags, one entry per shard (commas split too); sqlite:payments.db
-/// when there is none.
+/// The --store flags, one entry per shard (orpheus::split_store_list(), which
+/// throws config_error on a bad list); sqlite:payments.db when none is given.
 [[nodiscard]] std::vector<std::string> store_parts(const std::vector<std::string>& specs);
 
 /// Whether the parts name one SQLite file (rather than MySQL shards).

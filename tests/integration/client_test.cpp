@@ -948,6 +948,43 @@ TEST(Journal, ACompletedRequestRunAgainIsRefusedNotPaidUnderANewKey) {
   std::filesystem::remove_all(dir);
 }
 
+// Found in review: "" (SQLite's temporary database) and ":memory:" opened
+// journals that keep nothing past the process.
+TEST(Journal, APathThatIsNoFileIsRefused) {
+  for (const char* path : {"", ":memory:", "file:keys?mode=memory"}) {
+    EXPECT_THROW(sqlite_key_journal{path}, orpheus::config_error) << path;
+  }
+}
+
+// Found in review: pay_client wrote the journal's entry before it checked
+// its other flags, so a run refused for a bad --server or --attempts left a
+// key behind, and the corrected run was "resuming" a request never sent;
+// --key with --journal wrote a new key and then refused, and the next run
+// without --key paid under that key, not the one --key K may have paid with.
+TEST(Journal, FlagsThatPayClientRefusesWriteNoEntry) {
+  scripted_server s({}, {201});
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const std::vector<std::vector<std::string>> refused = {
+      {"--key", "K-1"},
+      {"--attempts", "0"},
+      {"--deadline-ms", "0"},
+      {"--attempts", "2147483648"},
+      {"--server", "127.0.0.1:1"},
+  };
+  for (const auto& extra : refused) {
+    auto argv = pay_client_argv(s.endpoint().port, dir, "order-13/pay", extra);
+    if (extra[0] == "--server") {  // in place of the one pay_client_argv gave
+      argv.erase(argv.begin() + 1, argv.begin() + 3);
+    }
+    test::child_process refusing(argv);
+    EXPECT_EQ(refusing.wait(), 2) << extra[0] << " " << extra[1];
+    EXPECT_FALSE(std::filesystem::exists(dir / "keys.db")) << extra[0] << " " << extra[1];
+  }
+  EXPECT_TRUE(s.seen().empty()) << "nothing sent";
+  std::filesystem::remove_all(dir);
+}
+
 // The journal keeps a key whose answer does not say what became of an
 // earlier attempt (found in review: a 401 after a lost answer completed it,
 // and the next run paid under a new key).

@@ -680,6 +680,40 @@ TEST_P(Http, AnswersNeverCarryHostsOrRawErrors) {
 // The bank simulator's two-step API (issue 11, item 7): authorisations
 // captured or voided once, idempotent by key, and a ledger endpoint that is
 // down part of the time; GET /ledger judges what was left unfinished.
+// Found in review: an empty --store (or ",") was no store at all, and the
+// server opened a new payments.db in its working directory, where no key
+// recorded in the real store was known (a retry paid again); settings the
+// manager refused (a lease no longer than the RPC timeout) were refused only
+// after the store was created, migrated and given a shard map. Each is now
+// exit 2 with nothing written.
+TEST(PaymentsServer, BadFlagsExitTwoAndWriteNothing) {
+  const auto dir = std::filesystem::temp_directory_path() / ("flags-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir);  // where a default payments.db would go
+  const std::string db = "sqlite:" + (dir / "x.db").string();
+  const std::vector<std::vector<std::string>> refused = {
+      {"--store", ""},
+      {"--store", ","},
+      {"--store", db + ","},
+      {"--store", db, "--lease-ms", "5000"},
+      {"--store", db, "--retention-ms", "1000"},
+      {"--store", db, "--wait-ms", "-1"},
+      {"--store", db, "--idle-timeout-ms", "10000000000000"},
+      {"--store", db, "--workers", "100000"},
+  };
+  for (const auto& extra : refused) {
+    std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_server", "--bank",
+                                  "http://127.0.0.1:9", "--trust-client-id-header"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    test::child_process server(argv);
+    EXPECT_EQ(server.wait(), 2) << extra[1] << " " << (extra.size() > 2 ? extra[2] : "");
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << extra[1] << " wrote a file";
+  }
+  std::filesystem::current_path(cwd);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BankSimulator, AuthoriseCaptureVoidAndALedgerThatIsSometimesDown) {
   service bank;
   bank.start({ORPHEUS_BINARY_DIR "/examples/bank_simulator", "--ledger-down-every-ms", "400",

@@ -551,6 +551,25 @@ TEST(MysqlOptions, AShardsNodesInOneUrl) {
   EXPECT_THROW(mysql_store{o}, config_error);
 }
 
+// Found in review: a space after a comma, a query or a typo glued a second
+// URL onto the first (its text became the password), and "?ssl-mode=..."
+// became part of the database's name: the server then waited for ever on a
+// refusal it took for an outage.
+TEST(MysqlOptions, AUrlWithSpacesParametersOrJunkIsRefused) {
+  for (const char* bad :
+       {"mysql://u:p@h/pay?ssl-mode=REQUIRED", "mysql://u:p@h/pay#x", "mysql://u:p@h/pay/x",
+        "mysql://u:p@h1, mysql://u:p@h2/pay", "mysql://u:p@h/ pay", "mysql://u:p@h1,h2/d,x",
+        "mysql://u:p@ho st/pay", "mysql://u:p@h!/pay"}) {
+    EXPECT_THROW((void)parse_mysql_url(bad), config_error) << bad;
+  }
+  // What the rule still takes: '@', ':' and '/' in a password (it ends at the
+  // last '@'), taken as written; a bracketed IPv6 address.
+  const auto s = parse_mysql_url("mysql://u:p@s:w/%41@db-1.example_x:3307/pay_1");
+  EXPECT_EQ(s.password, "p@s:w/%41");
+  EXPECT_EQ(s.host, "db-1.example_x");
+  EXPECT_EQ(parse_mysql_url("mysql://u:p@[::1]:3306/pay").host, "[::1]");
+}
+
 // A node that cannot be reached is passed over (the galera suite shows the
 // pass-over onto a live node of a cluster). Found in review: the next node, a
 // server that is not a Galera node, was used as if it were one: with the

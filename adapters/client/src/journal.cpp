@@ -63,6 +63,12 @@ sqlite_key_journal::sqlite_key_journal(const std::string& path, journal_options 
   if (options.resume_within.count() <= 0) {
     throw config_error("key journal: resume_within must be positive");
   }
+  // Found in review: "" (SQLite's temporary database) and ":memory:" were
+  // accepted, a journal that keeps nothing past the process.
+  if (path.empty() || path == ":memory:" || path.rfind("file:", 0) == 0) {
+    throw config_error("key journal: '" + path +
+                       "' is not a file that outlives the process; give a file's path");
+  }
   impl_->options = options;
   if (sqlite3_open(path.c_str(), &impl_->db) != SQLITE_OK) {
     const std::string msg = impl_->db ? sqlite3_errmsg(impl_->db) : "out of memory";

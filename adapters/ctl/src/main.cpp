@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/admin.hpp"
+#include "orpheus/store/list.hpp"
 #include "orpheus/store/sqlite.hpp"
 #if ORPHEUSCTL_WITH_MYSQL  // set by adapters/ctl/CMakeLists.txt from ORPHEUS_WITH_MYSQL
 #include "orpheus/store/mysql.hpp"
@@ -209,15 +210,15 @@ std::string iso_time(std::int64_t us) {
 std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace); }
 
 std::vector<std::string> store_parts(const arguments& args) {
-  std::vector<std::string> parts;
   const auto it = args.flags.find("store");
-  if (it != args.flags.end()) {
-    for (const auto& s : it->second) {
-      std::stringstream ss(s);
-      for (std::string p; std::getline(ss, p, ',');) {
-        if (!p.empty()) parts.push_back(p);
-      }
-    }
+  // The servers' reading of a list: a comma not before a URL separates the
+  // nodes of one shard (found in review: orpheusctl split at every comma).
+  std::vector<std::string> parts;
+  try {
+    parts =
+        orpheus::split_store_list(it == args.flags.end() ? std::vector<std::string>{} : it->second);
+  } catch (const orpheus::config_error& e) {
+    throw usage_failure(e.what());
   }
   if (parts.empty()) throw usage_failure("--store is required (sqlite:PATH or mysql:// URLs)");
   return parts;

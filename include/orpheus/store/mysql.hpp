@@ -72,7 +72,12 @@ struct mysql_shard {
 /// Parses "mysql://user:password@host:port/database" (port optional, default
 /// 3306), or with several nodes of one shard, "mysql://user:password@
 /// host1:port1,host2:port2,host3:port3/database" (the first is `host`, the
-/// others `failover`). Throws config_error on anything else.
+/// others `failover`). The user and password are taken as written (no
+/// percent-decoding: '@', ':' and '/' may appear in the password, which ends
+/// at the last '@'); a host is a name, an IPv4 address or a bracketed IPv6
+/// one. Throws config_error on anything else: white space, a query
+/// ("?ssl-mode=..."; no parameters are read), a fragment, or a database
+/// name with '/', ',' or '@'.
 [[nodiscard]] mysql_shard parse_mysql_url(std::string_view url);
 
 struct mysql_options {

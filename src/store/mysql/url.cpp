@@ -1,4 +1,6 @@
 // "mysql://user:password@host:port[,host:port...]/database", parsed once, here.
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 
 #include "orpheus/store/mysql.hpp"
@@ -12,6 +14,12 @@ mysql_shard parse_mysql_url(std::string_view url) {
                         "); expected mysql://user:password@host:port/database");
   };
   if (url.substr(0, scheme.size()) != scheme) throw bad("scheme");
+  // Found in review: a space, a query ("?ssl-mode=REQUIRED") or a second URL
+  // glued on became part of the password or the database's name, and the
+  // server then waited for ever on a refusal it took for an outage.
+  if (std::any_of(url.begin(), url.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; })) {
+    throw bad("white space or a control character");
+  }
   url.remove_prefix(scheme.size());
   const auto at = url.rfind('@');
   if (at == std::string_view::npos) throw bad("no user");
@@ -25,6 +33,9 @@ mysql_shard parse_mysql_url(std::string_view url) {
   if (slash == std::string_view::npos) throw bad("no database");
   std::string_view hosts = url.substr(0, slash);
   s.database = std::string(url.substr(slash + 1));
+  if (s.database.find_first_of("/?#,@") != std::string::npos) {
+    throw bad("the database name has '/', '?', '#', ',' or '@': no parameters are read");
+  }
   // host[:port], or several separated by commas: the nodes of one shard.
   const auto host_of = [&](std::string_view hostport) {
     mysql_host h;
@@ -40,6 +51,13 @@ mysql_shard parse_mysql_url(std::string_view url) {
       h.port = port;
     }
     if (h.host.empty()) throw bad("empty part");
+    // A name or an IPv4 address, or an IPv6 one in brackets.
+    const bool bracketed = h.host.front() == '[' && h.host.back() == ']';
+    if (!bracketed && !std::all_of(h.host.begin(), h.host.end(), [](unsigned char c) {
+          return std::isalnum(c) != 0 || c == '.' || c == '-' || c == '_';
+        })) {
+      throw bad("a host is not a name or an address");
+    }
     return h;
   };
   for (bool first = true;; first = false) {

@@ -112,7 +112,8 @@ struct journal_options {
 class sqlite_key_journal final : public key_journal {
  public:
   /// Opens or creates the file; throws std::runtime_error when it cannot,
-  /// and orpheus::config_error when resume_within is not positive.
+  /// and orpheus::config_error when resume_within is not positive or `path`
+  /// names no file that outlives the process ("", ":memory:", a "file:" URI).
   explicit sqlite_key_journal(const std::string& path, journal_options options = {});
   ~sqlite_key_journal() override;
   std::string key_for(std::string_view name, std::string_view payload_fingerprint) override;
