@@ -52,6 +52,7 @@ constexpr std::array registry{
     code_info{codes::gateway_timeout, in_doubt, "payment"},
     code_info{codes::gateway_error, in_doubt, "payment"},
     code_info{codes::charge_status_unknown, in_doubt, "payment"},
+    code_info{codes::earlier_charge_may_land, unavailable, "payment"},
 };
 
 }  // namespace

@@ -298,6 +298,13 @@ bool hold_until(detail::record_tx& t, const request_id& id, std::string_view own
   if (!r || r->state != record_state::in_progress || r->lease_owner != owner) return false;
   t.add_history(id, "in_doubt", why, runner, step);
   lease_terms held = terms;
+  // To the deadline, not beyond: a downstream service that deduplicates
+  // answers an overlapping retry with the first call's outcome (or a 409,
+  // in doubt), and the retry's attempt::earlier_may_land_until() tells one
+  // that does not how long a "never received" is not to be believed (found
+  // in review; holding to the lease's end instead cost the demo's payments
+  // their clients' deadlines, and protected nothing more a call could not
+  // outlast).
   held.lease_us = std::max<std::int64_t>(
       1000, std::chrono::duration_cast<std::chrono::microseconds>(until - clock::now()).count());
   // A completer waits a backoff beyond the hold: the call may still be
@@ -529,6 +536,8 @@ struct manager::flow_run {
   /// step's RPC must end rpc_timeout after it, inside the lease.
   clock::time_point started;
   detail::progress progress;
+  /// attempt::earlier_may_land_until() of every step's attempt.
+  clock::time_point earlier_may_land_until{};
 };
 
 response manager::run(const request_id& id, const detail::phases& p, const process_options& options,
@@ -653,6 +662,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     // What transaction 1 leaves for the RPC: the attempt number, and the
     // Pre-RPC result loaded into the handler's type by p.load.
     int attempt_number = 0;
+    // Until when an earlier attempt's call may still land downstream
+    // (attempt::earlier_may_land_until()); the epoch when none can.
+    clock::time_point earlier_may_land_until{};
     // The fencing token of this attempt: 128 random bits, so that no other
     // process can forge it and record over this attempt.
     std::string owner = random_token();
@@ -897,6 +909,16 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         } else {
           t->take_lease(id, owner, locked->attempts + 1, terms);
           attempt_number = locked->attempts + 1;
+          // The later of the record's in-doubt time and, for an attempt
+          // whose lease ran out under it (marked above), now plus the window.
+          std::int64_t may_land_us = locked->in_doubt_until_us;
+          if (locked->state == record_state::in_progress) {
+            may_land_us = std::max(may_land_us, locked->db_now_us + terms.in_doubt_window_us);
+          }
+          if (may_land_us > locked->db_now_us) {
+            earlier_may_land_until =
+                started + std::chrono::microseconds(may_land_us - locked->db_now_us);
+          }
           acquired = locked->state == record_state::in_progress ? request_event::takeover
                                                                 : request_event::retry;
           t->commit();
@@ -917,14 +939,22 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     }
 
     if (p.flow) {  // a multi-step request: its steps, from the first unfinished one
-      flow_run f{id, *p.flow, ctx, terms, owner, attempt_number, started, std::move(*progress)};
+      flow_run f{id,
+                 *p.flow,
+                 ctx,
+                 terms,
+                 owner,
+                 attempt_number,
+                 started,
+                 std::move(*progress),
+                 earlier_may_land_until};
       return run_flow(f);
     }
 
     // 3. RPC, outside any transaction, with a deadline before the lease ends
     // (the lease started after `started`, on the database clock).
     const attempt a(id, attempt_number, started + config_.rpc_timeout, {},
-                    ctx.runner == runner_completer);
+                    ctx.runner == runner_completer, earlier_may_land_until);
     if (clock::now() >= a.deadline()) {
       // Transaction 1 took the whole RPC budget (a stalled database): an RPC
       // started now could outlive the lease and overlap a take-over.
@@ -991,7 +1021,7 @@ response manager::run_flow(flow_run& f) {
   for (std::size_t i = f.progress.done.size(); i < steps.size(); ++i) {
     const detail::step_phase& s = steps[i];
     const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name,
-                    f.ctx.runner == runner_completer);
+                    f.ctx.runner == runner_completer, f.earlier_may_land_until);
     const std::int64_t backoff = backoff_us(f.number);
     ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
     nlohmann::json result;
@@ -1100,7 +1130,7 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
       continue;
     }
     const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name,
-                    f.ctx.runner == runner_completer);
+                    f.ctx.runner == runner_completer, f.earlier_may_land_until);
     const std::int64_t backoff = backoff_us(f.number);
     ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
     const std::optional<error_info> err = s.compensate(a, f.progress.done.back().second);
@@ -1165,7 +1195,7 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
   const attempt a(
       f.id, f.number, f.started + config_.rpc_timeout,
       failed_step != nullptr ? failed_step->step() : std::string_view(f.progress.failed_step),
-      f.ctx.runner == runner_completer);
+      f.ctx.runner == runner_completer, f.earlier_may_land_until);
   response r;
   record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff_us(f.number)},
                    [&](detail::record_tx& t, tx& handler_tx) {

@@ -17,9 +17,11 @@ using orpheus::payment::gateway_status;
 
 // ---- the bank simulator, over HTTP -----------------------------------------
 
-bank_gateway::bank_gateway(orpheus::beast::http_endpoint bank, std::size_t connections)
+bank_gateway::bank_gateway(orpheus::beast::http_endpoint bank, std::size_t connections,
+                           bool deduplicates)
     : bank_(std::move(bank)),
-      http_(orpheus::beast::http_client_options{.max_connections_per_endpoint = connections}) {}
+      http_(orpheus::beast::http_client_options{.max_connections_per_endpoint = connections}),
+      deduplicates_(deduplicates) {}
 
 gateway_answer bank_gateway::charge(const orpheus::payment::charge_request& r,
                                     const std::string& key, std::chrono::milliseconds timeout) {

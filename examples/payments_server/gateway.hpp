@@ -26,13 +26,17 @@ namespace examples::payments_server {
 // status query is a read, so it may be re-sent (idempotent).
 class bank_gateway final : public orpheus::payment::gateway {
  public:
-  bank_gateway(orpheus::beast::http_endpoint bank, std::size_t connections);
+  /// `deduplicates`: whether the bank answers a charge sent again under its
+  /// key with the first one's outcome (orpheus::payment::gateway::
+  /// deduplicates()).
+  bank_gateway(orpheus::beast::http_endpoint bank, std::size_t connections, bool deduplicates);
 
   orpheus::payment::gateway_answer charge(const orpheus::payment::charge_request& r,
                                           const std::string& key,
                                           std::chrono::milliseconds timeout) override;
   orpheus::payment::gateway_answer status(const std::string& key,
                                           std::chrono::milliseconds timeout) override;
+  [[nodiscard]] bool deduplicates() const noexcept override { return deduplicates_; }
 
   // The card payment in steps (the bank simulator's two-step API and its
   // ledger; create_payment.cpp). Each returns the id the bank answered
@@ -57,6 +61,7 @@ class bank_gateway final : public orpheus::payment::gateway {
 
   orpheus::beast::http_endpoint bank_;
   orpheus::beast::http_client http_;
+  bool deduplicates_;
 };
 
 // The bank simulator's ledger without the HTTP: one charge per idempotency

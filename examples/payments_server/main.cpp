@@ -55,6 +55,14 @@ Usage: payments_server --bank URL --api-keys FILE [flags]
                         void when the capture is refused for good
                         (docs/steps.md); single: one charge (POST /charges),
                         as --bank inproc always does and the benchmarks use
+  --bank-dedup on|off   whether the bank answers a charge sent again under
+                        its key with the first one's outcome (default on, as
+                        the bank simulator's --dedup); off: a retry charges
+                        again only once an earlier call whose outcome is
+                        unknown can no longer reach the bank
+                        (--in-doubt-window-ms after its lease)
+  --in-doubt-window-ms N  how late after an attempt's lease the bank may
+                        still act on its call (default 300000)
   --lease-ms N          lease of an attempt on a key (default 10000)
   --rpc-timeout-ms N    deadline of the bank call, < lease (default 5000)
   --wait-ms N           wait this long for a concurrent attempt on the same key
@@ -130,6 +138,9 @@ int main(int argc, char** argv) {
   orpheus::config cfg;
   cfg.lease = std::chrono::milliseconds(f.millis("lease-ms", 10000, 1));
   cfg.rpc_timeout = std::chrono::milliseconds(f.millis("rpc-timeout-ms", 5000, 1));
+  cfg.in_doubt_window =
+      std::chrono::milliseconds(f.millis("in-doubt-window-ms", cfg.in_doubt_window.count(), 1));
+  const std::string bank_dedup = f.str("bank-dedup", "on");
   const auto wait = std::chrono::milliseconds(f.millis("wait-ms", 0));
   const long workers = f.num("workers", is_sqlite(store_specs) ? 32 : 8, 1, 4096);
   const long queue = f.num("queue", 256, 1, 1L << 20);
@@ -152,6 +163,7 @@ int main(int argc, char** argv) {
         "could name a key holder in X-Client-Id");
   }
   if (flow != "steps" && flow != "single") f.fail("--flow is steps or single");
+  if (bank_dedup != "on" && bank_dedup != "off") f.fail("--bank-dedup is on or off");
   if (flow == "steps" && bank_url == "inproc") f.fail("--bank inproc charges in one step only");
   cfg.replay_cache_bytes = static_cast<std::size_t>(replay_cache_mb) << 20;
   // Before the store opens: a refused setting changes nothing (found in
@@ -182,6 +194,10 @@ int main(int argc, char** argv) {
     const callers who(std::move(keys), trust_client_id_header);
     std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc
     if (bank_url != "inproc") bank_endpoint = orpheus::beast::parse_http_url(bank_url);
+    // Before any thread starts, the store's too: a thread that took SIGTERM
+    // would kill the process without the drain (found in review: the store
+    // was opened first).
+    const examples::stop_signals stop;
     auto store = open_store(store_specs);
     // A shard that does not answer now is prepared later (late_shards, below).
     std::vector<std::size_t> late = prepare_shards(*store, is_sqlite(store_specs));
@@ -189,7 +205,6 @@ int main(int argc, char** argv) {
     cfg.observer = stats.library_observer();
     orpheus::manager manager(*store, cfg);  // refuses rpc_timeout >= lease
 
-    const examples::stop_signals stop;  // before any thread starts
     const late_shards preparing(*store, std::move(late), std::chrono::seconds(1));
     // Its io thread starts here, after the signals are blocked; declared
     // before the work pool, so it outlives every job that calls the bank.
@@ -201,7 +216,8 @@ int main(int argc, char** argv) {
       inproc = b.get();
       bank = std::move(b);
     } else {
-      auto b = std::make_unique<bank_gateway>(*bank_endpoint, static_cast<std::size_t>(workers));
+      auto b = std::make_unique<bank_gateway>(*bank_endpoint, static_cast<std::size_t>(workers),
+                                              bank_dedup == "on");
       http_bank = b.get();
       bank = std::move(b);
     }

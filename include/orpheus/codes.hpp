@@ -83,6 +83,7 @@ inline constexpr std::string_view gateway_in_progress = "gateway_in_progress";
 inline constexpr std::string_view gateway_timeout = "gateway_timeout";
 inline constexpr std::string_view gateway_error = "gateway_error";
 inline constexpr std::string_view charge_status_unknown = "charge_status_unknown";
+inline constexpr std::string_view earlier_charge_may_land = "earlier_charge_may_land";
 }  // namespace codes
 
 /// One row of the registry. `usual` is the class the code is emitted with;

@@ -109,8 +109,14 @@ struct response {
 class attempt {
  public:
   attempt(const request_id& id, int number, std::chrono::steady_clock::time_point deadline,
-          std::string_view step = {}, bool by_completer = false)
-      : id_(&id), number_(number), deadline_(deadline), step_(step), by_completer_(by_completer) {}
+          std::string_view step = {}, bool by_completer = false,
+          std::chrono::steady_clock::time_point earlier_may_land_until = {})
+      : id_(&id),
+        number_(number),
+        deadline_(deadline),
+        step_(step),
+        by_completer_(by_completer),
+        earlier_may_land_until_(earlier_may_land_until) {}
 
   [[nodiscard]] const request_id& id() const noexcept { return *id_; }
   /// 1 for the first attempt; a take-over after a crash or a retryable
@@ -132,6 +138,16 @@ class attempt {
   /// True when a completer (orpheus/completer.hpp) runs this attempt, not a
   /// client's request.
   [[nodiscard]] bool by_completer() const noexcept { return by_completer_; }
+  /// Until when a call of an earlier attempt whose outcome is unknown (it
+  /// timed out, its answer was lost, its process died) may still be acted
+  /// on downstream: config::in_doubt_window after that attempt's lease. A
+  /// downstream service that says it never received that call is not to be
+  /// believed before then, unless it deduplicates by downstream_key() (a
+  /// second call is then answered with the first one's outcome). The epoch
+  /// (the default) when no earlier call is in doubt.
+  [[nodiscard]] std::chrono::steady_clock::time_point earlier_may_land_until() const noexcept {
+    return earlier_may_land_until_;
+  }
 
  private:
   const request_id* id_;
@@ -139,6 +155,7 @@ class attempt {
   std::chrono::steady_clock::time_point deadline_;
   std::string_view step_;
   bool by_completer_ = false;
+  std::chrono::steady_clock::time_point earlier_may_land_until_{};
 };
 
 }  // namespace orpheus

@@ -30,6 +30,8 @@ struct simulated_gateway final : gateway {
     calls.push_back("status:" + key);
     return status_answer;
   }
+  bool deduplicating = true;
+  [[nodiscard]] bool deduplicates() const noexcept override { return deduplicating; }
 };
 
 const request_id id{"shop", "order-1", fingerprint_of("x")};
@@ -55,6 +57,38 @@ TEST(Payment, ARetryChargesWhenTheEarlierAttemptNeverArrived) {
   EXPECT_EQ(charge_once(g, retry(), req), "ch_1");
   const auto key = retry().downstream_key("charge");
   EXPECT_EQ(g.calls, (std::vector<std::string>{"status:" + key, "charge:" + key}));
+}
+
+// Found in review: a charge slower than its caller's timeout was not found
+// yet by the retry's status query, and a gateway that does not deduplicate
+// charged it a second time. Until the earlier call can no longer land, its
+// not_found leaves the charge unknown; a deduplicating gateway (the
+// interface's contract) is charged again at once under the same key.
+TEST(Payment, AGatewayThatDoesNotDeduplicateIsNotChargedWhileAnEarlierCallMayLand) {
+  const auto now = std::chrono::steady_clock::now();
+  const attempt landing{id, 2, now + 5s, {}, false, now + 1min};
+  const attempt landed{id, 2, now + 5s, {}, false, now - 1ms};
+  simulated_gateway g;
+  g.deduplicating = false;
+  try {
+    charge_once(g, landing, req);
+    ADD_FAILURE() << "charged";
+  } catch (const orpheus::error& e) {
+    EXPECT_EQ(e.code(), codes::earlier_charge_may_land);
+    EXPECT_TRUE(e.retryable());
+    // Nothing was sent now: not in doubt, so the earlier call's window is
+    // not pushed back by holding the key again (found running the chaos
+    // test: every refusal extended it, and payments never finished).
+    EXPECT_FALSE(e.info().in_doubt());
+    ASSERT_TRUE(e.info().retry_after);
+    EXPECT_GT(*e.info().retry_after, 50s) << "until the earlier call can no longer land";
+  }
+  const auto key = landing.downstream_key("charge");
+  EXPECT_EQ(g.calls, std::vector<std::string>{"status:" + key}) << "asked, not charged";
+  EXPECT_EQ(charge_once(g, landed, req), "ch_1") << "the window over: not_found is believed";
+  simulated_gateway deduplicating;
+  EXPECT_EQ(charge_once(deduplicating, landing, req), "ch_1");
+  EXPECT_EQ(deduplicating.calls, (std::vector<std::string>{"status:" + key, "charge:" + key}));
 }
 
 TEST(Payment, ARetryReplaysAnEarlierDecline) {

@@ -1,5 +1,8 @@
 #include "orpheus/payment/charge.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 #include "orpheus/error.hpp"
 
 namespace orpheus::payment {
@@ -130,6 +133,25 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
       case gateway_status::declined:
         return charge_id_of(known);
       case gateway_status::not_found:
+        // A gateway that charges a key again may still act on an earlier
+        // call it has not seen yet (found in review: a charge slower than
+        // the caller's timeout was not found by the retry, which charged
+        // again). Until that call can no longer land, not_found says nothing.
+        // Retryable, not in doubt: nothing was sent now, so the earlier
+        // call's window is not pushed back (as an in-doubt hold would), and
+        // the retry comes when it has ended.
+        if (const auto now = std::chrono::steady_clock::now();
+            !g.deduplicates() && now < a.earlier_may_land_until()) {
+          const auto left =
+              std::chrono::ceil<std::chrono::milliseconds>(a.earlier_may_land_until() - now);
+          throw error(error_info::of(error_class::unavailable, codes::earlier_charge_may_land,
+                                     "an earlier attempt's charge may still reach the gateway; "
+                                     "retry with the same key after Retry-After")
+                          .with_http_status(503)
+                          .with_retry_after(std::max(left, std::chrono::milliseconds(1000)))
+                          .with_internal("gateway: no charge under this key yet, and it does "
+                                         "not deduplicate: charging now could charge twice"));
+        }
         break;
       default:
         unknown_outcome(codes::charge_status_unknown,

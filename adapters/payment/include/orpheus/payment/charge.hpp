@@ -10,8 +10,9 @@
 //    the same on every attempt, so the gateway deduplicates too;
 //  - on a retry (a.is_retry()), asks the gateway first what became of the
 //    earlier attempt, and charges only if the gateway says it never arrived
-//    (not_found). Any other answer to that query that is not "charged" or
-//    "declined" (refused, 409 busy, 429, 5xx, timeout, reset, no connection)
+//    (not_found; from a gateway that does not deduplicate, only once the
+//    earlier call can no longer land: gateway::deduplicates()). Any other answer to that query that
+//    is not "charged" or "declined" (refused, 409 busy, 429, 5xx, timeout, reset, no connection)
 //    leaves the earlier charge unknown: retryable and in doubt, no charge;
 //  - classifies what the gateway said about a charge, in one place
 //    (charge_id_of()):
@@ -115,6 +116,16 @@ class gateway {
   /// declined, not_found, or a failure of the query itself.
   virtual gateway_answer status(const std::string& idempotency_key,
                                 std::chrono::milliseconds timeout) = 0;
+  /// Whether a charge sent again under the same key is answered with the
+  /// first one's outcome (this interface's contract: the default). A
+  /// gateway that does not deduplicate says false, and charge_once() then
+  /// believes a status query's not_found only once an earlier call whose
+  /// outcome was unknown can no longer land (attempt::
+  /// earlier_may_land_until(): config::in_doubt_window after that
+  /// attempt's lease). Found in review: a charge still on its way to such a
+  /// gateway when its caller timed out was not found yet, and the retry
+  /// charged a second time.
+  [[nodiscard]] virtual bool deduplicates() const noexcept { return true; }
 };
 
 /// The charge id. Throws orpheus::error classified as above; a retryable
