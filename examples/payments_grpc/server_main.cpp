@@ -77,12 +77,15 @@ int main(int argc, char** argv) {
 
   try {
     auto keys = orpheus::api_keys::load(api_keys_path);
+    // Before any thread starts, the store's too: a thread that took SIGTERM
+    // would kill the process without the drain (found in review: the store
+    // was opened first).
+    const examples::stop_signals stop;
     auto store = examples::payments_server::open_store(store_specs);
     // A shard that does not answer now is prepared later, as payments_server does.
     auto late = examples::payments_server::prepare_shards(
         *store, examples::payments_server::is_sqlite(store_specs));
     orpheus::manager manager(*store, cfg);
-    const examples::stop_signals stop;  // before any thread starts
     const examples::payments_server::late_shards preparing(*store, std::move(late),
                                                            std::chrono::seconds(1));
     examples::payments_server::bank_gateway bank(orpheus::beast::parse_http_url(bank_url),

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <barrier>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -457,9 +458,36 @@ TEST_P(Http, AKilledServersPaymentInStepsIsResumedAtItsStepByTheCompleter) {
   EXPECT_EQ(ledger()["charges"], 1);
 }
 
+// The threads of process `pid` but its main one (which unblocks them in
+// sigwait) that do not block SIGTERM and SIGINT (/proc/PID/task/*/status,
+// SigBlk), by name and id.
+std::vector<std::string> threads_taking_sigterm(pid_t pid) {
+  std::vector<std::string> taking;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+    if (task.path().filename() == std::to_string(pid)) continue;
+    std::ifstream status(task.path() / "status");
+    std::string name;
+    unsigned long long blocked = 0;
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Name:", 0) == 0) name = line.substr(6);
+      if (line.rfind("SigBlk:", 0) == 0) blocked = std::stoull(line.substr(7), nullptr, 16);
+    }
+    const unsigned long long wanted = (1ULL << (SIGTERM - 1)) | (1ULL << (SIGINT - 1));
+    if ((blocked & wanted) != wanted)
+      taking.push_back(name + " " + task.path().filename().string());
+  }
+  return taking;
+}
+
 TEST_P(Http, MetricsCountOutcomesAndSigtermStopsCleanly) {
   start_bank();
   start_payments();
+  // A thread that takes SIGTERM kills the server without its drain. Found
+  // in review: the store was opened before the signals were blocked (a
+  // guard: no thread of the old server was seen taking them).
+  EXPECT_EQ(threads_taking_sigterm(payments_.proc->pid()), std::vector<std::string>{})
+      << "only main's sigwait takes them";
   EXPECT_EQ(pay("m-1", 100).result_int(), 201U);
   EXPECT_EQ(pay("m-1", 100)["Idempotent-Replayed"], "true");
   EXPECT_EQ(pay("", 100).result_int(), 400U);
