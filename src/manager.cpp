@@ -219,6 +219,24 @@ namespace {
 /// for it to expire. Harmless when the lease is gone or the record final.
 /// The caller must hold no transaction of this store: with a pool of one
 /// connection a second begin() would wait for the first forever.
+/// The wait before a completer retries a key released after `failure`: the
+/// backoff, or longer when the failure asked for more than the one second
+/// every retryable error carries by default (error_info::of()), at most the
+/// longer of retry_backoff_max and in_doubt_window. Found in review:
+/// a gateway that did not deduplicate refused a charge until an earlier one
+/// could no longer land (payment::charge_once()), and the completer,
+/// back after its shorter backoff each time, spent the request's attempts
+/// and parked it.
+std::int64_t wait_after(std::int64_t backoff_us, const std::optional<error_info>& failure,
+                        const config& c) {
+  if (!failure || !failure->retry_after || *failure->retry_after <= std::chrono::seconds(1)) {
+    return backoff_us;
+  }
+  const std::int64_t asked = micros(*failure->retry_after);
+  return std::max(backoff_us,
+                  std::min(asked, micros(std::max(c.retry_backoff_max, c.in_doubt_window))));
+}
+
 void release_quietly(store& s, const request_id& id, std::string_view owner, std::string_view why,
                      const detail::run_context& ctx, std::int64_t retry_in_us,
                      std::string_view step = {}) noexcept {
@@ -915,9 +933,12 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           if (locked->state == record_state::in_progress) {
             may_land_us = std::max(may_land_us, locked->db_now_us + terms.in_doubt_window_us);
           }
+          // From a time read after the database's clock was (found in
+          // review: `started`, before transaction 1 began, ended the window
+          // early by however long the transaction waited).
           if (may_land_us > locked->db_now_us) {
             earlier_may_land_until =
-                started + std::chrono::microseconds(may_land_us - locked->db_now_us);
+                clock::now() + std::chrono::microseconds(may_land_us - locked->db_now_us);
           }
           acquired = locked->state == record_state::in_progress ? request_event::takeover
                                                                 : request_event::retry;
@@ -971,7 +992,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     }
 
     // 4. Record (transaction 2), fenced by the owner token.
-    const std::int64_t backoff = backoff_us(a.number());
+    const std::int64_t backoff = wait_after(backoff_us(a.number()), failure, config_);
     response r;
     record_after_rpc({store_, config_, id, owner, ctx, a, failure, backoff},
                      [&](detail::record_tx& t, tx& handler_tx) {
@@ -1084,7 +1105,8 @@ response manager::run_flow(flow_run& f) {
                          return hold_until(t, f.id, f.owner, a.deadline(), f.terms, why,
                                            f.ctx.runner, backoff, s.name);
                        }
-                       return t.release(f.id, f.owner, why, backoff, f.ctx.runner, s.name);
+                       return t.release(f.id, f.owner, why, wait_after(backoff, failure, config_),
+                                        f.ctx.runner, s.name);
                      });
     throw_retryable(told, a);
   }

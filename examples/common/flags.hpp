@@ -89,11 +89,12 @@ class flags {
     }
     return n;
   }
-  /// A duration in milliseconds, from `lo` to a year. Found in review: a
-  /// larger one overflowed the nanoseconds of Beast's timers (every
-  /// connection was closed at once) and of condition_variable::wait_for.
+  /// A duration in milliseconds, from `lo` to 100 years (the library's own
+  /// bound). Found in review: 10000000000000 (317 years) overflowed the
+  /// nanoseconds of Beast's timers (every connection was closed at once) and
+  /// of condition_variable::wait_for.
   long millis(const std::string& name, long fallback, long lo = 0) {
-    return num(name, fallback, lo, 365L * 24 * 3600 * 1000);
+    return num(name, fallback, lo, 100L * 365 * 24 * 3600 * 1000);
   }
   /// A rate in [0, 1]; NaN is refused (found in review: `nan` passed).
   double real(const std::string& name, double fallback) {

@@ -88,8 +88,9 @@ int main(int argc, char** argv) {
     orpheus::manager manager(*store, cfg);
     const examples::payments_server::late_shards preparing(*store, std::move(late),
                                                            std::chrono::seconds(1));
+    // The bank simulator deduplicates charges by key (its default).
     examples::payments_server::bank_gateway bank(orpheus::beast::parse_http_url(bank_url),
-                                                 static_cast<std::size_t>(workers));
+                                                 static_cast<std::size_t>(workers), true);
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::grpc::idempotent_unary idem(manager, pool,
                                          {.scope = orpheus::grpc::bearer_scope(std::move(keys))});

@@ -164,6 +164,11 @@ int main(int argc, char** argv) {
   }
   if (flow != "steps" && flow != "single") f.fail("--flow is steps or single");
   if (bank_dedup != "on" && bank_dedup != "off") f.fail("--bank-dedup is on or off");
+  if (bank_dedup == "off" && (flow != "single" || bank_url == "inproc")) {
+    f.fail(
+        "--bank-dedup off is for --flow single with an HTTP bank: the payment in steps, and "
+        "the in-process bank, rely on the bank's own deduplication");
+  }
   if (flow == "steps" && bank_url == "inproc") f.fail("--bank inproc charges in one step only");
   cfg.replay_cache_bytes = static_cast<std::size_t>(replay_cache_mb) << 20;
   // Before the store opens: a refused setting changes nothing (found in

@@ -140,7 +140,8 @@ class attempt {
   [[nodiscard]] bool by_completer() const noexcept { return by_completer_; }
   /// Until when a call of an earlier attempt whose outcome is unknown (it
   /// timed out, its answer was lost, its process died) may still be acted
-  /// on downstream: config::in_doubt_window after that attempt's lease. A
+  /// on downstream: config::in_doubt_window after that attempt's lease (or,
+  /// for an attempt whose lease ran out under it, after this take-over). A
   /// downstream service that says it never received that call is not to be
   /// believed before then, unless it deduplicates by downstream_key() (a
   /// second call is then answered with the first one's outcome). The epoch

@@ -1663,6 +1663,42 @@ TEST_P(Conformance, AnInDoubtAttemptIsRetriedOnlyABackoffAfterItsHold) {
       << "at least half the backoff (equal jitter) beyond the hold";
 }
 
+// Found in review: a retryable failure that asked for a longer wait
+// (Retry-After: a gateway that does not deduplicate refusing a charge until
+// an earlier one can no longer land) was released with the completer's
+// shorter backoff, and the completer spent the request's attempts and
+// parked it. The release waits as long as asked, up to the longer of
+// retry_backoff_max and in_doubt_window.
+TEST_P(Conformance, ARetryableFailureThatAsksForALongerWaitIsRetriedNoSooner) {
+  config cfg = short_lease();
+  cfg.retry_backoff_base = 10ms;
+  cfg.retry_backoff_max = 10ms;
+  cfg.in_doubt_window = 20s;
+  manager m(*store_, cfg);
+  const std::string handler = "later-" + scope_.substr(6);
+  std::chrono::milliseconds asked{30s};  // more than the bound: cut to in_doubt_window
+  m.register_handler<payment>(
+      handler, 1,
+      [&](const attempt&, const payment&) -> std::string {
+        throw retryable_error("earlier_charge_may_land", "not yet", 503, asked);
+      },
+      [](tx&, const attempt&, const std::string& v) {
+        return response{201, {}, v};
+      });
+  const auto rid = id("k1");
+  EXPECT_THROW(m.process(handler, rid, pay_pre), error);
+  auto r = store_->inspect(rid);
+  ASSERT_EQ(r->state, record_state::retryable);
+  EXPECT_GE(r->next_attempt_us - r->db_now_us, 15'000'000) << "not the 10 ms backoff";
+  EXPECT_LE(r->next_attempt_us - r->db_now_us, 20'000'000) << "at most in_doubt_window";
+  asked = 5s;
+  const auto rid2 = id("k2");
+  EXPECT_THROW(m.process(handler, rid2, pay_pre), error);
+  r = store_->inspect(rid2);
+  EXPECT_GE(r->next_attempt_us - r->db_now_us, 4'000'000);
+  EXPECT_LE(r->next_attempt_us - r->db_now_us, 5'000'000);
+}
+
 // Found in review: a completer finished a request with the default
 // retention instead of the one the request was made with.
 TEST_P(Conformance, TheCompleterKeepsTheRequestsOwnRetention) {

@@ -256,6 +256,23 @@ TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
   EXPECT_EQ(delay_of(ms::max()), ms(std::int64_t{24} * 3600 * 1000));
 }
 
+// Found in review: a payment an operator resolved with 201 and a JSON body
+// (docs/operations.md's own example) was replayed as FAILED_PRECONDITION,
+// "do not retry", over money taken; and a recorded member of another type
+// ({"retryable":"no"}) threw, and the replay became INTERNAL.
+TEST(GrpcStatus, ARecordedSuccessIsNeverAFinalFailureAndOddMembersAreAbsent) {
+  for (const int status : {201, 202, 204}) {
+    const auto s = orpheus::grpc::status_of_recorded(
+        orpheus::response{status, {}, R"({"id":"pay_43","state":"charged"})"});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << status;
+    EXPECT_TRUE(orpheus::grpc::may_retry(s)) << status;
+  }
+  const auto odd = orpheus::grpc::status_of_recorded(
+      orpheus::response{402, {}, R"({"code":402,"detail":["x"],"retryable":"no","in_doubt":1})"});
+  EXPECT_EQ(odd.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_FALSE(orpheus::grpc::may_retry(odd));
+}
+
 // Found in review: the adapter compiled its own google/rpc/status.proto in
 // googleapis' package, so a service that also links googleapis' generated
 // google.rpc.Status (as this binary does) failed to link: two definitions.

@@ -473,6 +473,7 @@ std::vector<std::string> threads_taking_sigterm(pid_t pid) {
       if (line.rfind("Name:", 0) == 0) name = line.substr(6);
       if (line.rfind("SigBlk:", 0) == 0) blocked = std::stoull(line.substr(7), nullptr, 16);
     }
+    if (name.empty()) continue;  // the thread ended meanwhile
     const unsigned long long wanted = (1ULL << (SIGTERM - 1)) | (1ULL << (SIGINT - 1));
     if ((blocked & wanted) != wanted)
       taking.push_back(name + " " + task.path().filename().string());
@@ -717,8 +718,13 @@ TEST_P(Http, AnswersNeverCarryHostsOrRawErrors) {
 TEST(PaymentsServer, BadFlagsExitTwoAndWriteNothing) {
   const auto dir = std::filesystem::temp_directory_path() / ("flags-" + test::random_hex());
   std::filesystem::create_directories(dir);
-  const auto cwd = std::filesystem::current_path();
-  std::filesystem::current_path(dir);  // where a default payments.db would go
+  // Where a default payments.db would go; the test's own directory again on
+  // any way out.
+  const struct back_to {
+    std::filesystem::path cwd = std::filesystem::current_path();
+    ~back_to() { std::filesystem::current_path(cwd); }
+  } restore;
+  std::filesystem::current_path(dir);
   const std::string db = "sqlite:" + (dir / "x.db").string();
   const std::vector<std::vector<std::string>> refused = {
       {"--store", ""},
@@ -738,7 +744,6 @@ TEST(PaymentsServer, BadFlagsExitTwoAndWriteNothing) {
     EXPECT_EQ(server.wait(), 2) << extra[1] << " " << (extra.size() > 2 ? extra[2] : "");
     EXPECT_TRUE(std::filesystem::is_empty(dir)) << extra[1] << " wrote a file";
   }
-  std::filesystem::current_path(cwd);
   std::filesystem::remove_all(dir);
 }
 

@@ -33,9 +33,18 @@ TEST(StoreList, EmptyPartsWhiteSpaceAndStrayTextAreRefused) {
        {list{""}, list{","}, list{"sqlite:a.db,"}, list{"mysql://u:p@h1/d,,mysql://u:p@h2/d"},
         list{"mysql://u:p@h1/d, mysql://u:p@h2/d"}, list{"mysql://u:p@h1/d,mysql:/u:p@h2/d"},
         list{"mysql://u:p@h1/d,h2/d"}, list{"mysql://u:p@h1,MYSQL://u:p@h2/d"}, list{"payments.db"},
-        list{"sqlite:a.db,h2"}, list{"sqlite:a\tb.db"}}) {
+        list{"sqlite:a.db,h2"}, list{"sqlite:a\tb.db"}, list{"sqlite:a.db "}}) {
     EXPECT_THROW((void)split_store_list(bad), config_error) << bad.front();
   }
+  // The message leaves the password out (found in review: it was printed).
+  try {
+    (void)split_store_list({"mysql://u:secret@h1/d, mysql://u:secret@h2/d"});
+    ADD_FAILURE() << "taken";
+  } catch (const config_error& e) {
+    EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+  }
+  // A space inside a path is taken (a review of the first version: it was not).
+  EXPECT_EQ(split_store_list({"sqlite:/Users/Jo Doe/pay.db"}), list{"sqlite:/Users/Jo Doe/pay.db"});
 }
 
 }  // namespace

@@ -147,16 +147,36 @@ scope_function bearer_scope(api_keys keys, std::string prefix) {
 }
 
 ::grpc::Status status_of_recorded(const response& recorded) {
+  // A success whose reply is not this method's (an operator's resolve with
+  // 201 and a JSON body, another front end's record): the request was done,
+  // so never a final failure (found in review: it was FAILED_PRECONDITION,
+  // "do not retry", over a payment made, which a client may then make again
+  // under a new key).
+  if (recorded.status >= 200 && recorded.status < 300) {
+    return status_of(error_info::of(error_class::unavailable, codes::reply_unreadable,
+                                    "the request was done, but its recorded reply does not read "
+                                    "as this method's reply; retry with the same key"));
+  }
   const auto body = nlohmann::json::parse(recorded.body, nullptr, false);
   // The library records failures as problem+json; another front end's
-  // handler may have recorded anything (then there is no code to give).
+  // handler may have recorded anything (then there is no code to give), and
+  // a member of another type is read as absent (found in review:
+  // {"retryable":"no"} threw, and the replay became INTERNAL).
   const bool is_problem = body.is_object();
-  const std::string code = is_problem ? body.value("code", "") : "";
+  const auto text = [&](const char* name, const std::string& fallback) {
+    const auto it = is_problem ? body.find(name) : body.end();
+    return is_problem && it != body.end() && it->is_string() ? it->get<std::string>() : fallback;
+  };
+  const auto flag = [&](const char* name) {
+    const auto it = is_problem ? body.find(name) : body.end();
+    return is_problem && it != body.end() && it->is_boolean() && it->get<bool>();
+  };
+  const std::string code = text("code", "");
   const std::string detail =
-      is_problem ? body.value("detail", code) : "the request failed; its answer was recorded";
-  const bool retryable = is_problem && body.value("retryable", false);
+      is_problem ? text("detail", code) : "the request failed; its answer was recorded";
+  const bool retryable = flag("retryable");
   return with_details(code_of_recorded(recorded.status, retryable), detail, code, retryable,
-                      is_problem && body.value("in_doubt", false), std::nullopt);
+                      flag("in_doubt"), std::nullopt);
 }
 
 bool may_retry(const ::grpc::Status& s) {
@@ -300,7 +320,7 @@ void idempotent_unary::answer(::grpc::CallbackServerContext* ctx,
   }
   const response& r = out.value();
   if (r.replayed) ctx->AddInitialMetadata("idempotent-replayed", "true");
-  if (r.status != 200) return reactor->Finish(status_of_recorded(r));
+  if (r.status < 200 || r.status >= 300) return reactor->Finish(status_of_recorded(r));
   if (!reply->ParseFromString(r.body)) {
     // Found in review: answered as a final failure, a payment that was
     // made could be re-issued by its client under a new key.

@@ -127,6 +127,9 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
     // the first charge is still running, a 429, 5xx, no answer) leaves the
     // earlier charge unknown, and charging now could charge twice or record a
     // final failure over money taken (issue 7, defect 5).
+    // When the query left: an earlier call that lands while it is answered
+    // is not in its answer (found in review: the time was read after it).
+    const auto asked = std::chrono::steady_clock::now();
     const auto known = g.status(key, time_left(a));
     switch (known.status) {
       case gateway_status::charged:
@@ -140,10 +143,9 @@ std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
         // Retryable, not in doubt: nothing was sent now, so the earlier
         // call's window is not pushed back (as an in-doubt hold would), and
         // the retry comes when it has ended.
-        if (const auto now = std::chrono::steady_clock::now();
-            !g.deduplicates() && now < a.earlier_may_land_until()) {
-          const auto left =
-              std::chrono::ceil<std::chrono::milliseconds>(a.earlier_may_land_until() - now);
+        if (!g.deduplicates() && asked < a.earlier_may_land_until()) {
+          const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+              a.earlier_may_land_until() - std::chrono::steady_clock::now());
           throw error(error_info::of(error_class::unavailable, codes::earlier_charge_may_land,
                                      "an earlier attempt's charge may still reach the gateway; "
                                      "retry with the same key after Retry-After")

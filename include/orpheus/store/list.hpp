@@ -11,14 +11,16 @@ namespace orpheus {
 
 /// Splits --store values into one entry per store: "sqlite:PATH" or a
 /// mysql:// URL. A comma before "sqlite:" or "mysql://" starts the next
-/// store; any other comma belongs to the mysql:// URL before it, while that
-/// URL is still in its password or its hosts (the nodes of one shard:
-/// "mysql://u:p@h1,h2:3307/db"). Throws config_error, naming the part, on an
-/// empty value or part, white space or a control character, or a part that
-/// is neither: found in review, "mysql://u:p@h1/d, mysql://u:p@h2/d" (a
-/// space after the comma) was read as one shard whose password was most of
-/// the text. No values: an empty list. What each entry says is checked by
-/// the store that opens it (parse_mysql_url()).
+/// store; any other comma belongs to the mysql:// URL before it while that
+/// URL is still in its password or its hosts (the nodes of one shard,
+/// "mysql://u:p@h1,h2:3307/db"), and parse_mysql_url() then checks the
+/// whole. A password with a comma after a '/' and before its last '@' is
+/// refused: it cannot be told from a mistake. Throws config_error, naming
+/// the part with any user and password left out, on an empty value or
+/// part, a control character, white space at either end of a part, or a
+/// part that is none of those: found in review, "mysql://u:p@h1/d,
+/// mysql://u:p@h2/d" (a space after the comma) was read as one shard whose
+/// password was most of the text. No values: an empty list.
 [[nodiscard]] std::vector<std::string> split_store_list(const std::vector<std::string>& values);
 
 }  // namespace orpheus

@@ -17,8 +17,8 @@ mysql_shard parse_mysql_url(std::string_view url) {
   // Found in review: a space, a query ("?ssl-mode=REQUIRED") or a second URL
   // glued on became part of the password or the database's name, and the
   // server then waited for ever on a refusal it took for an outage.
-  if (std::any_of(url.begin(), url.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; })) {
-    throw bad("white space or a control character");
+  if (std::any_of(url.begin(), url.end(), [](unsigned char c) { return c < ' ' || c == 0x7f; })) {
+    throw bad("a control character");
   }
   url.remove_prefix(scheme.size());
   const auto at = url.rfind('@');
@@ -33,8 +33,8 @@ mysql_shard parse_mysql_url(std::string_view url) {
   if (slash == std::string_view::npos) throw bad("no database");
   std::string_view hosts = url.substr(0, slash);
   s.database = std::string(url.substr(slash + 1));
-  if (s.database.find_first_of("/?#,@") != std::string::npos) {
-    throw bad("the database name has '/', '?', '#', ',' or '@': no parameters are read");
+  if (s.database.find_first_of("/?#,@ ") != std::string::npos) {
+    throw bad("the database name has '/', '?', '#', ',', '@' or a space: no parameters are read");
   }
   // host[:port], or several separated by commas: the nodes of one shard.
   const auto host_of = [&](std::string_view hostport) {

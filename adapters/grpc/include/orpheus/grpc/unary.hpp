@@ -91,7 +91,10 @@ struct unary_options {
 [[nodiscard]] ::grpc::Status status_of(const error_info& e);
 
 /// The gRPC status for a failure the library recorded in its HTTP form
-/// (problem+json: status, code, detail, retryable), as replayed.
+/// (problem+json: status, code, detail, retryable), as replayed. For a
+/// recorded success (2xx) whose body is not this method's reply (an
+/// operator's resolve, another front end's record): UNAVAILABLE
+/// reply_unreadable, retryable with the same key, never a final failure.
 [[nodiscard]] ::grpc::Status status_of_recorded(const response& recorded);
 
 /// `message` serialised deterministically (map fields in key order): what
