@@ -522,6 +522,38 @@ TEST(HttpClient, TheDeadlineEndsACallOnAListenerThatNeverAccepts) {
             transport_error::kind::timeout);
 }
 
+// Found in review: a callback that let go of the client's last owner ran
+// ~http_client() on the client's own io thread, which waited there for the
+// other calls in flight (whose deadlines need that thread): a deadlock; with
+// none in flight, it joined itself (std::terminate).
+TEST(HttpClient, ACallbackThatDestroysTheClientEndsTheOtherCallsAndNothingHangs) {
+  scripted_server answering([](int) { return act::answer; });
+  scripted_server silent([](int) { return act::never_answer; });
+  auto owner = std::make_shared<http_client>();
+  std::promise<void> destroyed;
+  std::promise<http_result> other;
+  owner->async_send(silent.endpoint(), get(), 20s,
+                    [&](http_result r) { other.set_value(std::move(r)); });
+  ASSERT_TRUE(silent.wait_requests(1));
+  std::weak_ptr<http_client> watch = owner;
+  {
+    auto& client = *owner;
+    client.async_send(answering.endpoint(), get(), guard,
+                      [&, keep = std::move(owner)](http_result) mutable {
+                        keep.reset();  // the last owner: ~http_client() on the io thread
+                        destroyed.set_value();
+                      });
+  }
+  auto ended = destroyed.get_future();
+  ASSERT_EQ(ended.wait_for(10s), std::future_status::ready) << "the destructor did not return";
+  auto r = other.get_future();
+  ASSERT_EQ(r.wait_for(10s), std::future_status::ready) << "the other call never ended";
+  const auto result = r.get();
+  ASSERT_TRUE(result.error);
+  EXPECT_EQ(result.error->error_kind(), transport_error::kind::closed);
+  EXPECT_TRUE(watch.expired());
+}
+
 // Waiting for a connection of an endpoint at its limit counts against the
 // call's deadline; a call that never got one sent nothing: `connect`, not an
 // in-doubt `timeout` (found in review: a payment that never left held its

@@ -308,6 +308,10 @@ struct http_client::impl {
   net::executor_work_guard<net::io_context::executor_type> work{net::make_work_guard(ioc)};
   std::thread thread;
   net::steady_timer sweeper{ioc};  // closes connections idle past idle_timeout
+  // Set by ~http_client() run on the io thread itself (a callback let go of
+  // the client's last owner): the io thread then deletes this impl once the
+  // calls in flight have ended. The io thread's alone.
+  bool owned_by_io_thread = false;
 
   // The io thread's alone.
   std::unordered_set<tcp::resolver*> lookups_running;
@@ -782,10 +786,28 @@ http_client::http_client(http_client_options options) : impl_(std::make_unique<i
   if (options.max_connections_per_endpoint == 0)
     throw config_error("http_client_options: max_connections_per_endpoint is 0");
   net::post(impl_->ioc, [i = impl_.get()] { i->sweep(); });
-  impl_->thread = std::thread([i = impl_.get()] { i->ioc.run(); });
+  impl_->thread = std::thread([i = impl_.get()] {
+    i->ioc.run();
+    if (i->owned_by_io_thread)
+      delete i;  // NOLINT(cppcoreguidelines-owning-memory): see ~http_client
+  });
 }
 
 http_client::~http_client() {
+  if (std::this_thread::get_id() == impl_->thread.get_id()) {
+    // Destroyed by a callback on the io thread (an async_send() callback
+    // that let go of the client's last owner). Waiting here for the calls
+    // in flight would wait for this thread, and joining it would join
+    // itself (found in review: a deadlock, or std::terminate). The io thread
+    // ends those calls (their callbacks get `connect` or `closed`), then
+    // deletes the impl and ends.
+    impl* i = impl_.release();
+    i->owned_by_io_thread = true;
+    i->shutdown();
+    i->work.reset();
+    i->thread.detach();
+    return;
+  }
   net::post(impl_->ioc, [i = impl_.get()] { i->shutdown(); });
   {
     std::unique_lock lock(impl_->m);

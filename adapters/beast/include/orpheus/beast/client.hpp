@@ -72,8 +72,10 @@
 // once. Lifetimes: the client must outlive every send() and every
 // async_send() it started; ~http_client() ends the calls still running (their
 // callbacks get `connect` or `closed`), closes every connection and joins its
-// thread. It waits for a host name lookup still running in Asio's resolver
-// thread (getaddrinfo cannot be interrupted); numeric addresses never look up.
+// thread. Destroyed by an async_send() callback (on the io thread), it does
+// not wait: the io thread ends the other calls, then itself. It waits for a host name lookup still
+// running in Asio's resolver thread (getaddrinfo cannot be interrupted); numeric addresses never
+// look up.
 #pragma once
 
 #include <chrono>
