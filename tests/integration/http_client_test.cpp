@@ -522,6 +522,20 @@ TEST(HttpClient, TheDeadlineEndsACallOnAListenerThatNeverAccepts) {
             transport_error::kind::timeout);
 }
 
+// Found in review: a path, a user or a query was dropped without a word:
+// "--bank http://h:9000/api/v2" charged at /charges, and "http://u:p@h"
+// made the host "u:p@h".
+TEST(HttpUrl, OnlyAnEndpointIsTaken) {
+  const auto ep = parse_http_url("http://127.0.0.1:9000/");
+  EXPECT_EQ(ep.host, "127.0.0.1");
+  EXPECT_EQ(ep.port, 9000);
+  EXPECT_EQ(parse_http_url("http://bank.example").port, 80);
+  for (const char* bad : {"http://h:9000/api/v2", "http://u:p@h:9000", "http://h:9000?x=1",
+                          "http://h:9000#f", "http://h :9000", "https://h:9000", "h:9000"}) {
+    EXPECT_THROW((void)parse_http_url(bad), std::invalid_argument) << bad;
+  }
+}
+
 // Found in review: a callback that let go of the client's last owner ran
 // ~http_client() on the client's own io thread, which waited there for the
 // other calls in flight (whose deadlines need that thread): a deadlock; with

@@ -541,6 +541,11 @@ TEST(Sharding, OneDatabaseListedAsTwoShardsIsAConfigurationError) {
   o.shards[1].failover = {{o.shards[0].host, o.shards[0].port}};
   o.shards[1].database = o.shards[0].database;
   EXPECT_THROW(mysql_store{o}, config_error);
+  // Found in review: a host name written in another case passed, and on a
+  // database with no shard map yet migrate() recorded one before refusing.
+  o.shards = {parse_mysql_url("mysql://u:p@db1.example:3306/pay"),
+              parse_mysql_url("mysql://u:p@DB1.Example:3306/pay")};
+  EXPECT_THROW(mysql_store{o}, config_error);
 }
 
 // A MariaDB user of its own on a migrated one-shard database, granted table

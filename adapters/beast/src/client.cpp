@@ -67,7 +67,19 @@ http_endpoint parse_http_url(std::string_view url) {
     throw std::invalid_argument("expected http://host:port, got " + std::string(url));
   }
   url.remove_prefix(scheme.size());
-  url = url.substr(0, url.find('/'));
+  // Only an endpoint: found in review, "http://h:9000/api/v2" charged at
+  // /charges (its 404 an in-doubt gateway error), and "http://u:p@h" made
+  // the host "u:p@h". A lone trailing '/' is taken.
+  const auto slash = url.find('/');
+  if (slash != std::string_view::npos && slash + 1 != url.size()) {
+    throw std::invalid_argument("expected http://host:port with no path, got http://" +
+                                std::string(url));
+  }
+  url = url.substr(0, slash);
+  if (url.find_first_of("@?# ") != std::string_view::npos) {
+    throw std::invalid_argument("expected http://host:port (no user, query or fragment), got " +
+                                std::string("http://") + std::string(url));
+  }
   const auto colon = url.rfind(':');
   http_endpoint ep;
   ep.host = std::string(url.substr(0, colon));

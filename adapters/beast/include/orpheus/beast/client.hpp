@@ -98,8 +98,9 @@ struct http_endpoint {
   unsigned short port = 80;
 };
 
-/// Parses "http://host:port" (an optional trailing path is ignored). Throws
-/// std::invalid_argument otherwise.
+/// Parses "http://host:port" (or "http://host:port/"). Throws
+/// std::invalid_argument otherwise: a path, a user, a query or a fragment
+/// would be dropped, and the calls go to paths of their own.
 http_endpoint parse_http_url(std::string_view url);
 
 /// The error a downstream call that got no answer stands for, whatever
