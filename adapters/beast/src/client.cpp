@@ -814,10 +814,14 @@ http_client::~http_client() {
     // ends those calls (their callbacks get `connect` or `closed`), then
     // deletes the impl and ends.
     impl* i = impl_.release();
-    i->owned_by_io_thread = true;
-    i->shutdown();
-    i->work.reset();
-    i->thread.detach();
+    try {
+      i->owned_by_io_thread = true;
+      i->shutdown();
+      i->work.reset();
+      i->thread.detach();
+    } catch (...) {  // a mutex or the thread failed: no way left to end the calls
+      std::terminate();
+    }
     return;
   }
   net::post(impl_->ioc, [i = impl_.get()] { i->shutdown(); });
