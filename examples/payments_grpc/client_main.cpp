@@ -3,6 +3,8 @@
 // says may be retried, after the delay it asks for. See --help.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -26,6 +28,7 @@ Usage: payments_grpc_client --server HOST:PORT --amount N [flags]
   --customer C        (default cus_1)
   --key K             the idempotency key (default: a new random one)
   --attempts N        attempt cap (default 8)
+  --deadline-ms N     overall deadline, every attempt and wait (default 90000)
 
 Prints the payment; exits 0 on OK, 1 on a final refusal, 2 on bad flags, 3
 when it gave up without a final answer, or when a refusal does not say what
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
   request.set_customer(f.str("customer", "cus_1"));
   auto key = f.str("key", "");
   const long attempts = f.num("attempts", 8, 1, 1000);
+  const long deadline_ms = f.millis("deadline-ms", 90'000, 1);
   f.done();
   if (server.empty() || api_key.empty() || request.amount() <= 0 || attempts < 1) {
     f.fail("--server, --api-key (or ORPHEUS_API_KEY) and --amount are required");
@@ -64,11 +68,18 @@ int main(int argc, char** argv) {
       grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   std::mt19937_64 rng(std::random_device{}());
   auto backoff = std::chrono::milliseconds(100);
+  // One deadline over every attempt and wait (found in review: a server's
+  // RetryInfo of up to a day per attempt could hold the client for days).
+  const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline_ms);
   for (long n = 1; n <= attempts; ++n) {
     grpc::ClientContext ctx;
     ctx.AddMetadata("idempotency-key", orpheus::key_header_value(key));  // quoted if need be
     ctx.AddMetadata("authorization", "Bearer " + api_key);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        give_up_at - std::chrono::steady_clock::now());
+    ctx.set_deadline(
+        std::chrono::system_clock::now() +
+        std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(30000)));
     payments::v1::Payment reply;
     const grpc::Status s = stub->CreatePayment(&ctx, request, &reply);
     if (s.ok()) {
@@ -96,6 +107,14 @@ int main(int argc, char** argv) {
         std::chrono::milliseconds(std::uniform_int_distribution<long>(0, backoff.count())(rng));
     if (const auto asked = orpheus::grpc::retry_delay_of(s)) wait = std::max(wait, *asked);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+    // An attempt needs a useful time: one left with a millisecond would
+    // only time out, and leave the key in doubt.
+    if (std::chrono::steady_clock::now() + wait + std::chrono::milliseconds(500) >= give_up_at) {
+      std::cout << "gave up: the next attempt would be past --deadline-ms; send again later "
+                   "with --key "
+                << key << "\n";
+      return 3;
+    }
     std::this_thread::sleep_for(wait);
   }
   std::cout << "gave up after " << attempts << " attempts\n";

@@ -154,6 +154,19 @@ TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
   EXPECT_EQ(ctl({"show", scope_, " bad key"}).code, 2);
   EXPECT_EQ(ctl({"list", "--state", "lost"}).code, 2);
   EXPECT_EQ(ctl({"frobnicate"}).code, 2);
+  // Found in review: a flag the command does not take was ignored (purge
+  // --limit 10 purged everything), a second one replaced the first, a bare
+  // "10" was 10 milliseconds, and a Content-Type with a line break was
+  // recorded and replayed as a header of its own.
+  EXPECT_EQ(ctl({"requeue", scope_, "stuck", "--note", "a", "--status", "201"}).code, 2);
+  EXPECT_EQ(ctl({"requeue", scope_, "stuck", "--note", "a", "--note", "b"}).code, 2);
+  EXPECT_EQ(ctl({"list", "--state", "parked", "--older-than", "10"}).code, 2);
+  EXPECT_EQ(ctl({"--retention-ms", "604800000", "stats"}).code, 0) << "the servers' settings";
+  EXPECT_EQ(ctl({"list", "--state", "parked", "--older-than", "0"}).code, 0);
+  EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "201", "--content-type",
+                 "text/plain\r\nSet-Cookie: a=1", "--note", "x"})
+                .code,
+            2);
   EXPECT_EQ(store_->inspect(id("stuck"))->state, record_state::parked);
   EXPECT_EQ(store_->inspect(id("waiting"))->state, record_state::retryable);
 

@@ -320,9 +320,10 @@ struct http_client::impl {
   net::executor_work_guard<net::io_context::executor_type> work{net::make_work_guard(ioc)};
   std::thread thread;
   net::steady_timer sweeper{ioc};  // closes connections idle past idle_timeout
-  // Set by ~http_client() run on the io thread itself (a callback let go of
-  // the client's last owner): the io thread then deletes this impl once the
-  // calls in flight have ended. The io thread's alone.
+  // Set (under m) by ~http_client() run on the io thread itself (a callback
+  // let go of the client's last owner): the io thread then deletes this
+  // impl once the calls in flight, a send() on a caller's thread too, have
+  // ended (uncount()).
   bool owned_by_io_thread = false;
 
   // The io thread's alone.
@@ -341,6 +342,26 @@ struct http_client::impl {
   std::mutex m;
   std::condition_variable idle_cv;
   std::size_t in_flight = 0;
+
+  /// One call fewer. The last one wakes ~http_client(), or, once the io
+  /// thread owns this impl, lets its run() end (and the impl be deleted):
+  /// after that, the caller must not touch the impl.
+  void uncount() noexcept {
+    bool end_run = false;
+    {
+      const std::lock_guard lock(m);
+      if (--in_flight == 0) {
+        idle_cv.notify_all();
+        end_run = owned_by_io_thread;
+      }
+    }
+    if (end_run) {
+      try {
+        net::post(ioc, [this] { work.reset(); });
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the io thread then lives on, idle
+      }
+    }
+  }
 
   net::awaitable<http_response> call(http_endpoint to, http_request req,
                                      steady::time_point deadline, delivery d, fallback how);
@@ -813,11 +834,16 @@ http_client::~http_client() {
     // itself (found in review: a deadlock, or std::terminate). The io thread
     // ends those calls (their callbacks get `connect` or `closed`), then
     // deletes the impl and ends.
+    // The work guard stays until the last call in flight, this callback's
+    // own and a send() on another thread (the review of the first version:
+    // run() ended under it, and it used the deleted impl), is uncounted.
     impl* i = impl_.release();
     try {
-      i->owned_by_io_thread = true;
+      {
+        const std::lock_guard lock(i->m);
+        i->owned_by_io_thread = true;
+      }
       i->shutdown();
-      i->work.reset();
       i->thread.detach();
     } catch (...) {  // a mutex or the thread failed: no way left to end the calls
       std::terminate();
@@ -858,14 +884,12 @@ void http_client::impl::start_call(const http_endpoint& to, http_request req,
       }
     }
     done(std::move(r));
-    const std::lock_guard lock(m);
-    if (--in_flight == 0) idle_cv.notify_all();
+    uncount();
   };
   try {
     net::co_spawn(ioc, call(to, std::move(req), deadline, d, how), finished);
   } catch (...) {  // never started: not in flight
-    const std::lock_guard lock(m);
-    if (--in_flight == 0) idle_cv.notify_all();
+    uncount();
     throw;
   }
 }
@@ -887,12 +911,9 @@ http_response http_client::send(const http_endpoint& to, http_request req,
     const std::lock_guard lock(impl_->m);
     ++impl_->in_flight;
   }
-  const struct uncount {
+  const struct uncounted {
     impl& i;
-    ~uncount() {
-      const std::lock_guard lock(i.m);
-      if (--i.in_flight == 0) i.idle_cv.notify_all();
-    }
+    ~uncounted() { i.uncount(); }
   } counted{*impl_};
   fallback then = fallback::any;
   try {

@@ -73,7 +73,9 @@
 // async_send() it started; ~http_client() ends the calls still running (their
 // callbacks get `connect` or `closed`), closes every connection and joins its
 // thread. Destroyed by an async_send() callback (on the io thread), it does
-// not wait: the io thread ends the other calls, then itself. It waits for a host name lookup still
+// not wait: the io thread ends the other calls (their callbacks run after the
+// destructor returned, and must not touch the client or what owned it), waits
+// for a send() still running on another thread, then ends. It waits for a host name lookup still
 // running in Asio's resolver thread (getaddrinfo cannot be interrupted); numeric addresses never
 // look up.
 #pragma once
