@@ -215,10 +215,6 @@ manager::manager(store& s, config c) : store_(s), config_(std::move(c)) {
 
 namespace {
 
-/// Best-effort, fenced: releases this attempt's lease so a retry need not wait
-/// for it to expire. Harmless when the lease is gone or the record final.
-/// The caller must hold no transaction of this store: with a pool of one
-/// connection a second begin() would wait for the first forever.
 /// The wait before a completer retries a key released after `failure`: the
 /// backoff, or longer when the failure asked for more than the one second
 /// every retryable error carries by default (error_info::of()), at most the
@@ -237,6 +233,10 @@ std::int64_t wait_after(std::int64_t backoff_us, const std::optional<error_info>
                   std::min(asked, micros(std::max(c.retry_backoff_max, c.in_doubt_window))));
 }
 
+/// Best-effort, fenced: releases this attempt's lease so a retry need not wait
+/// for it to expire. Harmless when the lease is gone or the record final.
+/// The caller must hold no transaction of this store: with a pool of one
+/// connection a second begin() would wait for the first forever.
 void release_quietly(store& s, const request_id& id, std::string_view owner, std::string_view why,
                      const detail::run_context& ctx, std::int64_t retry_in_us,
                      std::string_view step = {}) noexcept {
