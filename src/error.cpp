@@ -9,7 +9,7 @@ error_info error_info::of(error_class c, std::string_view code, std::string mess
   e.kind = c;
   e.code = std::string(code);
   e.message = std::move(message);
-  if (e.retryable()) e.retry_after = std::chrono::milliseconds(1000);
+  if (e.retryable()) e.retry_after = default_retry_after;
   return e;
 }
 

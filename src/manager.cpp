@@ -216,8 +216,8 @@ manager::manager(store& s, config c) : store_(s), config_(std::move(c)) {
 namespace {
 
 /// The wait before a completer retries a key released after `failure`: the
-/// backoff, or longer when the failure asked for more than the one second
-/// every retryable error carries by default (error_info::of()), at most the
+/// backoff, or longer when the failure asked for more than the
+/// default_retry_after every retryable error carries, at most the
 /// longer of retry_backoff_max and in_doubt_window. Found in review:
 /// a gateway that did not deduplicate refused a charge until an earlier one
 /// could no longer land (payment::charge_once()), and the completer,
@@ -225,7 +225,7 @@ namespace {
 /// and parked it.
 std::int64_t wait_after(std::int64_t backoff_us, const std::optional<error_info>& failure,
                         const config& c) {
-  if (!failure || !failure->retry_after || *failure->retry_after <= std::chrono::seconds(1)) {
+  if (!failure || !failure->retry_after || *failure->retry_after <= default_retry_after) {
     return backoff_us;
   }
   const std::int64_t asked = micros(*failure->retry_after);

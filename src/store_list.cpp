@@ -12,10 +12,6 @@ namespace {
 constexpr std::string_view mysql_scheme = "mysql://";
 constexpr std::string_view sqlite_scheme = "sqlite:";
 
-bool starts_with(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
-
 // `part` for a message: a URL's user and password left out (found in
 // review: the whole value, password too, went to stderr).
 std::string shown(std::string_view part) {
@@ -30,7 +26,7 @@ std::string shown(std::string_view part) {
 // A mysql:// URL whose password or host list a comma may still continue:
 // no '@' yet, or no '/' (the database) after the last one.
 bool still_listing(std::string_view url) {
-  if (!starts_with(url, mysql_scheme)) return false;
+  if (!url.starts_with(mysql_scheme)) return false;
   const auto at = url.rfind('@');
   return at == std::string_view::npos || url.find('/', at) == std::string_view::npos;
 }
@@ -67,7 +63,7 @@ std::vector<std::string> split_store_list(const std::vector<std::string>& values
           std::isspace(static_cast<unsigned char>(piece.back())) != 0) {
         throw bad(piece, "white space around a part");
       }
-      if (starts_with(piece, mysql_scheme) || starts_with(piece, sqlite_scheme)) {
+      if (piece.starts_with(mysql_scheme) || piece.starts_with(sqlite_scheme)) {
         parts.emplace_back(piece);
       } else if (!parts.empty() && still_listing(parts.back()) &&
                  piece.find("://") == std::string_view::npos) {

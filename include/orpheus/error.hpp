@@ -32,6 +32,10 @@ namespace orpheus {
 
 // The codes the library emits, and their classes: orpheus/codes.hpp.
 
+/// The Retry-After every retryable error_info::of() starts with. A longer
+/// one was asked for by whoever made the error, and a completer waits it too.
+inline constexpr std::chrono::milliseconds default_retry_after{1000};
+
 /// The plain data of an error: what travels to the client and what is recorded.
 ///
 /// Its class (`kind`) is transport-neutral and decides retryable() and
@@ -60,8 +64,8 @@ struct error_info {
   /// The outcome of the last commit or call is unknown (always retryable).
   [[nodiscard]] bool in_doubt() const noexcept { return kind == error_class::in_doubt; }
 
-  /// The way to make one. For the retryable classes retry_after starts at one
-  /// second. The with_ calls change one field each:
+  /// The way to make one. For the retryable classes retry_after starts at
+  /// default_retry_after. The with_ calls change one field each:
   ///
   ///   throw error(error_info::of(error_class::rejected, codes::card_declined,
   ///                              "the card was declined")
