@@ -430,6 +430,18 @@ std::string reason_of(const error_info& e) {
   return e.code + ": " + (e.internal.empty() ? e.message : e.internal);
 }
 
+/// Throws a retryable RPC outcome to the caller. An in-doubt one keeps the
+/// key to the attempt's deadline (hold_until): a client sent back sooner
+/// would only meet 409 and spend attempts.
+[[noreturn]] void throw_retryable(error_info e, const attempt& a) {
+  if (e.in_doubt()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        a.deadline() - std::chrono::steady_clock::now());
+    if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
+  }
+  throw error(e);
+}
+
 /// What record_after_rpc() needs to know about the attempt.
 struct after_rpc {
   store& s;
@@ -493,10 +505,12 @@ void record_after_rpc(const after_rpc& w,
       const error_info cause = classify(threw.what, w.c.unclassified);
       leave(reason_of(cause));
       log(log_level::error, where + ": Post-RPC failed after the RPC ran: " + reason_of(cause));
-      throw error(error_info::of(rpc_in_doubt ? error_class::in_doubt : error_class::unavailable,
-                                 codes::post_rpc_failed,
-                                 "recording the result failed; retry with the same key")
-                      .with_internal(reason_of(cause)));
+      throw_retryable(
+          error_info::of(rpc_in_doubt ? error_class::in_doubt : error_class::unavailable,
+                         codes::post_rpc_failed,
+                         "recording the result failed; retry with the same key")
+              .with_internal(reason_of(cause)),
+          w.a);
     }
   } catch (const storage_error& e) {
     if (e.code() == codes::lease_lost) {
@@ -510,13 +524,24 @@ void record_after_rpc(const after_rpc& w,
       throw;
     }
     leave(e.what());
-    if (e.retryable()) throw;
+    // An in-doubt call keeps the key to the attempt's deadline whatever the
+    // database did, and the client is told so (found in review: a failed
+    // recording after an in-doubt RPC answered storage_unavailable or
+    // post_rpc_failed, not in doubt, with a Retry-After of a second, and the
+    // client came back into 409s, spending its attempts).
+    if (!rpc_in_doubt) {
+      if (e.retryable()) throw;
+    } else if (e.in_doubt()) {
+      throw_retryable(e.info(), w.a);  // the COMMIT's own doubt, with the call's hold
+    }
     // Even a permanent database error here leaves the key retryable: the
     // RPC ran, so the client must come back and let a retry finish it.
     log(log_level::error, where + ": recording the result failed after the RPC ran: " + e.what());
-    throw error(error_info::of(error_class::unavailable, codes::post_rpc_failed,
-                               "recording the result failed; retry with the same key")
-                    .with_internal(e.what()));
+    throw_retryable(error_info::of(rpc_in_doubt ? error_class::in_doubt : error_class::unavailable,
+                                   codes::post_rpc_failed,
+                                   "recording the result failed; retry with the same key")
+                        .with_internal(e.what()),
+                    w.a);
   }
 }
 
@@ -525,18 +550,6 @@ std::vector<std::string> step_names(const detail::flow_phases& f) {
   out.reserve(f.steps.size());
   for (const auto& s : f.steps) out.emplace_back(s.name);
   return out;
-}
-
-/// Throws a retryable RPC outcome to the caller. An in-doubt one keeps the
-/// key to the attempt's deadline (hold_until): a client sent back sooner
-/// would only meet 409 and spend attempts.
-[[noreturn]] void throw_retryable(error_info e, const attempt& a) {
-  if (e.in_doubt()) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        a.deadline() - std::chrono::steady_clock::now());
-    if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
-  }
-  throw error(e);
 }
 
 }  // namespace

@@ -1897,6 +1897,46 @@ TEST_P(Conformance, ThrowingPostRpcRollsBackItsWritesAndLeavesTheKeyRetryable) {
   EXPECT_EQ(app_amount("post-" + scope_), 7);
 }
 
+// Found in review: when recording failed after an RPC whose outcome was in
+// doubt, the client was told storage_unavailable (a transient database
+// error) or post_rpc_failed not in doubt (a permanent one), with a
+// Retry-After of a second, while the key was held for the call that may
+// still land: it came back into 409s and spent its attempts, and was never
+// told that the payment may have gone through.
+TEST_P(Conformance, ARecordingThatFailsAfterAnInDoubtRpcIsInDoubtAndWaitsForTheDeadline) {
+  config cfg;
+  cfg.lease = 60s;
+  cfg.rpc_timeout = 30s;
+  manager m(*store_, cfg);
+  for (const bool transient : {false, true}) {
+    SCOPED_TRACE(transient ? "a transient database error" : "a permanent one (bad SQL)");
+    const auto rid = id(transient ? "doubt-transient" : "doubt-permanent");
+    try {
+      (void)m.process(
+          rid, [](tx&) { return 1; },
+          [](const attempt&, int) -> int {
+            throw error(error_info::of(error_class::in_doubt, "gateway_timeout", "no answer"));
+          },
+          [&](tx& t, const attempt&, const outcome<int>& o) -> response {
+            EXPECT_FALSE(o.ok());
+            if (transient) throw storage_error::transient("the database went away");
+            t.execute("SELEC 1");
+            return response{200, {}, "recorded"};
+          });
+      ADD_FAILURE() << "a Post-RPC that failed was recorded";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), codes::post_rpc_failed) << e.what();
+      EXPECT_TRUE(e.retryable());
+      EXPECT_TRUE(e.in_doubt()) << "the RPC's outcome is still unknown";
+      ASSERT_TRUE(e.info().retry_after);
+      EXPECT_GT(*e.info().retry_after, 10s) << "no sooner than the attempt's deadline (30 s)";
+    }
+    const auto held = store_->inspect(rid);
+    ASSERT_TRUE(held);
+    EXPECT_EQ(held->state, record_state::in_progress) << "the key stays held for the call";
+  }
+}
+
 // Found in review: a Post-RPC answer with an interim status (1xx) was
 // recorded as succeeded, and every replay of it went out as a bare 500 (the
 // HTTP server turns a 1xx into one) that clients retried until they gave up.
