@@ -256,6 +256,31 @@ TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
   EXPECT_EQ(delay_of(ms::max()), ms(std::int64_t{24} * 3600 * 1000));
 }
 
+// Found in review: a status without the adapter's ErrorInfo comes from the
+// transport or a proxy, and a stream reset (INTERNAL), a proxy's 500
+// (UNKNOWN) or a call cancelled on the way (CANCELLED) was final, though the
+// payment may have run; the example client then said "refused" (exit 1), and
+// its user could pay again under a new key.
+TEST(GrpcStatus, ATransportFailureThatMayHaveRunIsRetriedWithTheSameKey) {
+  using grpc::StatusCode;
+  for (const auto code :
+       {StatusCode::INTERNAL, StatusCode::UNKNOWN, StatusCode::CANCELLED, StatusCode::DATA_LOSS,
+        StatusCode::UNAVAILABLE, StatusCode::DEADLINE_EXCEEDED}) {
+    EXPECT_TRUE(orpheus::grpc::may_retry(grpc::Status(code, "Received RST_STREAM with error 2")))
+        << code;
+  }
+  for (const auto code :
+       {StatusCode::UNIMPLEMENTED, StatusCode::UNAUTHENTICATED, StatusCode::PERMISSION_DENIED,
+        StatusCode::INVALID_ARGUMENT, StatusCode::FAILED_PRECONDITION}) {
+    EXPECT_FALSE(orpheus::grpc::may_retry(grpc::Status(code, ""))) << code;
+  }
+  // An Orpheus server's own answer decides, whatever its code.
+  const auto internal_final = orpheus::grpc::status_of(orpheus::error_info::of(
+      orpheus::error_class::internal, orpheus::codes::unclassified, "a handler's bug"));
+  EXPECT_EQ(internal_final.error_code(), StatusCode::INTERNAL);
+  EXPECT_FALSE(orpheus::grpc::may_retry(internal_final));
+}
+
 // Found in review: a payment an operator resolved with 201 and a JSON body
 // (docs/operations.md's own example) was replayed as FAILED_PRECONDITION,
 // "do not retry", over money taken; and a recorded member of another type

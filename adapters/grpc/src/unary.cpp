@@ -190,11 +190,21 @@ bool may_retry(const ::grpc::Status& s) {
       }
     }
   }
+  // Not from an Orpheus server's adapter, which always says: the transport's
+  // or a proxy's. Found in review: a stream reset (INTERNAL), a proxy's 500
+  // (UNKNOWN) or a call cancelled on the way (CANCELLED) was final, though
+  // the request may have run: a client told so may pay again under a new
+  // key. Only what cannot have reached a handler, or is the caller's own
+  // mistake, is final.
   switch (s.error_code()) {
     case StatusCode::UNAVAILABLE:
     case StatusCode::ABORTED:
     case StatusCode::DEADLINE_EXCEEDED:
     case StatusCode::RESOURCE_EXHAUSTED:
+    case StatusCode::INTERNAL:
+    case StatusCode::UNKNOWN:
+    case StatusCode::CANCELLED:
+    case StatusCode::DATA_LOSS:
       return true;
     default:
       return false;

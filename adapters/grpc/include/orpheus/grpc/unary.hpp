@@ -103,8 +103,12 @@ struct unary_options {
 
 /// For clients: whether a failed call may be sent again with the same key.
 /// An Orpheus server says so in the status's google.rpc.ErrorInfo (domain
-/// "orpheus", metadata retryable); otherwise UNAVAILABLE, ABORTED,
-/// DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED may be retried.
+/// "orpheus", metadata retryable). A status without it comes from the
+/// transport or a proxy, and the request may have run: UNAVAILABLE, ABORTED,
+/// DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, INTERNAL (a stream reset), UNKNOWN
+/// (a proxy's 500), CANCELLED and DATA_LOSS may be retried with the same key;
+/// the others (UNIMPLEMENTED, UNAUTHENTICATED, INVALID_ARGUMENT, ...) are
+/// final.
 [[nodiscard]] bool may_retry(const ::grpc::Status& s);
 
 /// For clients: the delay the status's google.rpc.RetryInfo asks for.
