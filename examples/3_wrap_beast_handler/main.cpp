@@ -40,8 +40,9 @@ int main() {
   orpheus::beast::server server({}, [&](http_request&& req, orpheus::beast::responder respond) {
     /// [wrap]
     // One lambda: the handler runs as the RPC phase, once per key; its
-    // answer is recorded and replayed, except a 429 or 5xx (not 501), which
-    // leaves the key to the client's retry. With database work to do before
+    // answer is recorded and replayed, except a "try again" one (408, 409,
+    // 425, 429 or a 5xx other than 501), which leaves the key to the
+    // client's retry. With database work to do before
     // or after the call, pass Pre-RPC, RPC and Post-RPC instead.
     mw.handle(std::move(req), respond, [](const orpheus::attempt& a, const http_request& r) {
       return charge_card(r, a.downstream_key("charge"));

@@ -295,6 +295,24 @@ TEST(Client, RetriesAResetConnection408And429) {
   expect_same_key_and_body(s.seen(), req);
 }
 
+// Found in review: 425 Too Early (RFC 8470: "not now, this key is busy")
+// was a final answer; it is a conflict, retried with the same key, and the
+// request is in doubt from then on.
+TEST(Client, RetriesA425LikeA409) {
+  EXPECT_EQ(kind_of_status(425), error_kind::conflict);
+  scripted_server s({{425}, {201}}, {201});
+  fake_time t;
+  client_options o;
+  o.time = t.make();
+  idempotent_client api(s.endpoint(), o);
+  const auto req = payment();
+  const auto r = api.send(req);
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_EQ(r.response->result_int(), 201U);
+  EXPECT_TRUE(r.earlier_attempt_in_doubt);
+  expect_same_key_and_body(s.seen(), req);
+}
+
 // Found in review: after an attempt whose answer was lost, a final answer
 // that does not come from the server's record (a 401 once the token
 // expired, a proxy's 404 during a deploy) was a plain "answered", and

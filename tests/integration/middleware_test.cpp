@@ -591,6 +591,20 @@ TEST(RetryLater, OneRuleForTheClientAndTheMiddleware) {
   EXPECT_EQ(retry_later_error(r)->retry_after, std::chrono::milliseconds(3000));
   EXPECT_EQ(retry_later_error(http_response{http::status::ok, 11}), std::nullopt);
   EXPECT_TRUE(retry_later_error(make_response(409, "busy")).has_value());
+  // Found in review: a handler's 425 (downstream still busy) and 408
+  // (downstream timed out on the handler's request) were recorded and
+  // replayed for the key's retention; the client helper retries 408, and the
+  // payment wrapper reads both as an unknown outcome.
+  const auto too_early = retry_later_error(make_response(425, "busy"));
+  ASSERT_TRUE(too_early);
+  EXPECT_EQ(too_early->code, codes::downstream_in_progress);
+  EXPECT_TRUE(too_early->in_doubt());
+  EXPECT_EQ(http_status_of(*too_early), 503) << "a 4xx that not every client retries";
+  const auto timed_out = retry_later_error(make_response(408, "slow"));
+  ASSERT_TRUE(timed_out);
+  EXPECT_EQ(timed_out->code, codes::downstream_failed);
+  EXPECT_TRUE(timed_out->in_doubt());
+  EXPECT_EQ(http_status_of(*timed_out), 504) << "this server got the request: not its own 408";
   EXPECT_EQ(
       retry_later_error(make_response(503, R"({"retryable":false})", "application/problem+json")),
       std::nullopt);

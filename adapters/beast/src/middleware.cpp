@@ -85,7 +85,15 @@ response record_of(const http_response& res) {
 
 std::optional<error_info> retry_later_error(const http_response& res) {
   const unsigned status = res.result_int();
-  if ((status != 409 && !retry_later_status(status)) || says_final(res)) return std::nullopt;
+  // 409 and 425 (Too Early, RFC 8470): downstream is still busy with this
+  // key. 408: downstream gave up waiting for the handler's request, which it
+  // may still have acted on. Found in review: 425 and 408 were recorded, and
+  // replayed for the key's whole retention, though the client helper reads
+  // 408 as "retry" and the payment wrapper both as an unknown outcome.
+  const bool busy = status == 409 || status == 425;
+  if ((!busy && status != 408 && !retry_later_status(status)) || says_final(res)) {
+    return std::nullopt;
+  }
   std::chrono::milliseconds retry_after{1000};
   if (auto it = res.find(http::field::retry_after); it != res.end()) {
     // Delta-seconds only (an HTTP date is left to the default), cut to a
@@ -111,17 +119,19 @@ std::optional<error_info> retry_later_error(const http_response& res) {
         .with_retry_after(retry_after)
         .with_internal(std::move(internal));
   }
-  if (status == 409) {  // downstream is still busy with this key: its outcome is unknown
+  if (busy) {  // downstream is still busy with this key: its outcome is unknown
     return error_info::of(error_class::in_doubt, codes::downstream_in_progress,
                           "downstream is still processing this request; retry with the same key")
-        .with_http_status(409)
+        .with_http_status(static_cast<int>(status))
         .with_retry_after(retry_after)
         .with_internal(std::move(internal));
   }
+  // A 408 of this server's would say that it did not get the request: the
+  // handler did, and downstream timed out, so the client is told 504.
   return error_info::of(error_class::in_doubt, codes::downstream_failed,
                         "the request failed downstream and was not recorded; retry with the "
                         "same key")
-      .with_http_status(static_cast<int>(status))
+      .with_http_status(status == 408 ? 504 : static_cast<int>(status))
       .with_retry_after(retry_after)
       .with_internal(std::move(internal));
 }

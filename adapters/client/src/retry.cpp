@@ -46,7 +46,9 @@ std::string entity_key(std::string_view entity, std::string_view id, std::string
 }
 
 error_kind kind_of_status(unsigned status) noexcept {
-  if (status == 409) return error_kind::conflict;
+  // 425 Too Early (RFC 8470): the same for a client, "not now, this key is
+  // busy"; found in review, it was a final answer.
+  if (status == 409 || status == 425) return error_kind::conflict;
   // The server did not get the whole request in time and closed (RFC 9110
   // section 15.5.9: the client may repeat it); found in review, it ended the
   // call as an answer.

@@ -112,14 +112,17 @@ struct middleware_options {
 [[nodiscard]] response record_of(const http_response& res);
 
 /// What the one-lambda handle() makes of an answer with a "try again" status
-/// (retry_later_status()), instead of recording it: a retryable error with
-/// the same status (code `downstream_throttled` for 429, `downstream_failed`
-/// for a 5xx) and the answer's Retry-After when it gives seconds. A 5xx is
-/// in doubt: the handler passes on a failure downstream (a timeout, a 502)
+/// (retry_later_status(), 408, 409 or 425), instead of recording it: a
+/// retryable error with the same status (408: 504) and the answer's
+/// Retry-After when it gives seconds; code `downstream_throttled` for 429,
+/// `downstream_in_progress` for 409 and 425 (downstream still busy with
+/// this key), `downstream_failed` for 408 and a 5xx. All but 429 are in
+/// doubt: the handler passes on a failure downstream (a timeout, a 502)
 /// that may hide a call still running there, so the key is held until the
 /// attempt's deadline and the retry runs with is_retry(), as for the payment
 /// wrapper's unknown outcomes. A 429 says downstream did not act: the key
-/// is released at once. nullopt for any other status: it is recorded.
+/// is released at once. nullopt for any other status, and for an answer
+/// that says_final(): it is recorded.
 [[nodiscard]] std::optional<error_info> retry_later_error(const http_response& res);
 
 class middleware {
@@ -150,8 +153,8 @@ class middleware {
   /// as the RPC phase (no database, outside any transaction, once per
   /// attempt, with attempt::downstream_key() for the service it calls).
   /// Its answer is recorded and replayed, unless it is a "try again" status
-  /// (retry_later_status(): 429, 5xx except 501), which is never recorded:
-  /// see retry_later_error(). Throwing retryable_error leaves the key
+  /// (408, 409, 425, 429, 5xx except 501), which is never recorded: see
+  /// retry_later_error(). Throwing retryable_error leaves the key
   /// retryable too; non_retryable_error records a problem+json answer. A
   /// status that is not final (is_final_status(): a 1xx) is never recorded
   /// either: 503 post_rpc_failed, and the retry runs the handler again.

@@ -53,7 +53,7 @@ enum class error_kind {
   none,       ///< a final answer (2xx, or a 4xx that is not retried)
   network,    ///< connect failure, reset, connection closed early, 408
   timeout,    ///< no complete answer in time
-  conflict,   ///< 409: another attempt with this key is in progress
+  conflict,   ///< 409 or 425: another attempt with this key is in progress
   throttled,  ///< 429
   server,     ///< 5xx except 501
 };
