@@ -4,7 +4,6 @@
 #include "orpheus/admin.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <exception>
 #include <string>
 
@@ -169,22 +168,8 @@ admin_result admin::resolve(std::string_view scope, std::string_view key, const 
   // Found in review: a Content-Type with a line break was recorded as given
   // and every replay sent the line after it as a header of its own; one of
   // 64 KB made every replay a final 500.
-  for (const auto& [name, value] : r.headers) {
-    const bool name_ok =
-        !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-          return std::isalnum(c) != 0 ||
-                 std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) !=
-                     std::string_view::npos;
-        });
-    const bool value_ok =
-        value.size() <= 8192 && std::none_of(value.begin(), value.end(), [](unsigned char c) {
-          return (c < 0x20 && c != '\t') || c == 0x7f;
-        });
-    if (!name_ok || !value_ok) {
-      throw bad_input_error(codes::invalid_request,
-                            "a resolved response's header '" + name.substr(0, 64) +
-                                "' is not one line of at most 8192 bytes with a token for a name");
-    }
+  if (auto why = detail::unsendable_header(r)) {
+    throw bad_input_error(codes::invalid_request, "a resolved response's " + *why);
   }
   auto t = detail::begin_record_tx(store_, id);
   const auto rec = t->lock(id);

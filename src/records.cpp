@@ -4,8 +4,10 @@
 #include "orpheus/detail/records.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -375,8 +377,35 @@ bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner, std:
   return t_->execute_values(sql_.mark_in_doubt, p) == 1;
 }
 
+std::optional<std::string> unsendable_header(const response& r) {
+  for (const auto& [name, value] : r.headers) {
+    const bool name_ok =
+        !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+          return std::isalnum(c) != 0 ||
+                 std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) !=
+                     std::string_view::npos;
+        });
+    const bool value_ok =
+        value.size() <= 8192 && std::none_of(value.begin(), value.end(), [](unsigned char c) {
+          return (c < 0x20 && c != '\t') || c == 0x7f;
+        });
+    if (!name_ok || !value_ok) {
+      return "header '" + name.substr(0, 64) +
+             "' is not one line of at most 8192 bytes with a token for a name";
+    }
+  }
+  return std::nullopt;
+}
+
 bool record_tx::finish(const request_id& id, std::string_view owner, record_state s,
                        const response& r, std::string_view last_error, const lease_terms& t) {
+  // Found in review: an answer with a header of 64 KB was recorded as
+  // succeeded, and the HTTP front end answered it (the first time and every
+  // replay) with a final 500, "do not retry", over a payment made. Refused
+  // as a 1xx is, below.
+  if (auto why = unsendable_header(r)) {
+    throw std::logic_error("the handler's answer cannot be recorded: its " + *why);
+  }
   if (!is_final_status(r.status)) {
     // A handler's mistake, caught before it becomes every replay's answer
     // (a 1xx is never an answer to a request: a replay of it went out as a

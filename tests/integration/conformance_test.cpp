@@ -1897,6 +1897,38 @@ TEST_P(Conformance, ThrowingPostRpcRollsBackItsWritesAndLeavesTheKeyRetryable) {
   EXPECT_EQ(app_amount("post-" + scope_), 7);
 }
 
+// Found in review: a Post-RPC answer with a header that cannot be sent (a
+// line break, which every replay would send as a header of its own, or a
+// value over 8 KB) was recorded as succeeded. It is refused as a 1xx is.
+TEST_P(Conformance, APostRpcAnswerWithAnUnsendableHeaderIsNotRecorded) {
+  manager m(*store_);
+  const auto rid = id("bad-header");
+  int rpc_calls = 0;
+  using field = std::pair<std::string, std::string>;
+  for (const auto& header : {field{"X-Note", "a\r\nSet-Cookie: session=1"},
+                             field{"X-Receipt", std::string(70000, 'r')}, field{"Bad Name", "x"}}) {
+    SCOPED_TRACE(header.first);
+    try {
+      (void)with_post(m, rid, rpc_calls, "hdr-" + scope_, 5, [&] {
+        return response{201, {header}, "charged"};
+      });
+      ADD_FAILURE() << "recorded";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), codes::post_rpc_failed);
+      EXPECT_TRUE(e.retryable());
+    }
+    EXPECT_EQ(app_amount("hdr-" + scope_), -1) << "Post-RPC's writes are undone";
+    EXPECT_EQ(store_->inspect(rid)->state, record_state::retryable);
+  }
+  EXPECT_EQ(with_post(m, rid, rpc_calls, "hdr-" + scope_, 5,
+                      [&] {
+                        return response{201, {{"X-Receipt", "r1"}}, "charged"};
+                      })
+                .status,
+            201);
+  EXPECT_EQ(app_amount("hdr-" + scope_), 5);
+}
+
 // Found in review: when recording failed after an RPC whose outcome was in
 // doubt, the client was told storage_unavailable (a transient database
 // error) or post_rpc_failed not in doubt (a permanent one), with a

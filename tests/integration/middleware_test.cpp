@@ -425,6 +425,70 @@ TEST_F(Middleware, AnInterimStatusIsNotRecordedAndAnOldRecordOfOneIsAFinalProble
   EXPECT_EQ(calls, 3) << "the old record's request is not run again";
 }
 
+// Found in review: an answer with a header Beast cannot send (over 64 KB)
+// was recorded as succeeded, and its first answer and every replay were an
+// unclassified 500, "do not retry", not marked replayed, over a payment
+// made. A header that is not one line of at most 8 KB is refused before it
+// is recorded (503, retryable, the key left to a retry, as for a 1xx); a
+// record of one from an older version is the final "cannot be sent" problem.
+TEST_F(Middleware, AnAnswerWithAnUnsendableHeaderIsNotRecordedAndAnOldRecordOfOneIsFinal) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  std::atomic<int> calls{0};
+  std::atomic<bool> big{true};
+  auto send = [&](const std::string& key) {
+    std::promise<http_response> answer;
+    mw.handle(
+        post(key, "100"), [&](http_response r) { answer.set_value(std::move(r)); },
+        [&](const attempt&, const http_request&) {
+          ++calls;
+          http_response res{http::status::created, 11};
+          res.set("X-Receipt", std::string(big ? 9000 : 10, 'r'));
+          res.body() = "charged";
+          return res;
+        });
+    return answer.get_future().get();
+  };
+  const auto refused = send("k1");
+  EXPECT_EQ(refused.result_int(), 503U);
+  EXPECT_EQ(nlohmann::json::parse(refused.body())["code"], "post_rpc_failed");
+  EXPECT_EQ(nlohmann::json::parse(refused.body())["retryable"], true);
+  const auto rec = store_->inspect(request_id{"c1", "k1", fingerprint_of("x")});
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, record_state::retryable);
+  EXPECT_NE(rec->last_error.find("X-Receipt"), std::string::npos) << rec->last_error;
+  big = false;
+  EXPECT_EQ(send("k1").result_int(), 201U);
+  EXPECT_EQ(send("k1")["Idempotent-Replayed"], "true");
+  EXPECT_EQ(calls, 2);
+
+  // A record as an older version could leave it: a header of 70,000 bytes.
+  EXPECT_EQ(send("k2").result_int(), 201U);
+  {
+    auto t = store_->begin_on_shard(0);
+    t->execute("UPDATE orpheus_records SET headers = '[[\"X-Big\",\"" + std::string(70000, 'b') +
+               "\"]]' WHERE idem_key = 'k2'");
+    t->commit();
+  }
+  m_ = std::make_unique<manager>(*store_);  // no replay remembered
+  auto fresh = make(pool);
+  std::promise<http_response> answer;
+  fresh.handle(
+      post("k2", "100"), [&](http_response r) { answer.set_value(std::move(r)); },
+      [&](const attempt&, const http_request&) {
+        ++calls;
+        return http_response{http::status::created, 11};
+      });
+  const auto old = answer.get_future().get();
+  EXPECT_EQ(old.result_int(), 500U);
+  EXPECT_EQ(old["Idempotent-Replayed"], "true");
+  const auto problem = nlohmann::json::parse(old.body());
+  EXPECT_EQ(problem["retryable"], false) << old.body();
+  EXPECT_NE(problem["detail"].get<std::string>().find("cannot be sent"), std::string::npos);
+  EXPECT_EQ(calls, 3) << "the old record's request is not run again";
+}
+
 // Found in review (issue 10): the one-lambda form recorded whatever the
 // handler answered, so a handler passing on the bank's 504 had its 504
 // replayed for the key's lifetime: the client's retries could never learn

@@ -275,21 +275,25 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
     return finish(*p, error_response(e, shown_key));
   }
   const response& r = out.value();
-  if (!is_final_status(r.status)) {
-    // Only a record from before such answers were refused (a handler's 1xx,
-    // or an operator's resolve with one) has such a status. Sent as it is,
-    // it went out as a bare 500 that clients retried until they gave up,
-    // for a request whose RPC had run: a final problem instead, marked
-    // replayed, that tells the client not to retry with this key.
+  // Only a record from before such answers were refused (a handler's 1xx or
+  // a header Beast cannot send, or an operator's resolve with one) cannot be
+  // sent. As it was, it went out as a bare 500 that clients retried until
+  // they gave up, or as an unclassified 500 not marked replayed, for a
+  // request whose RPC had run: a final problem instead, marked replayed,
+  // that tells the client not to retry with this key.
+  const auto unsendable = [&](const std::string& why) {
     const error_info e =
         error_info::of(error_class::internal, codes::unclassified,
                        "the recorded answer to this request cannot be sent; do not retry with "
                        "this key: the service's operators can tell what became of it")
-            .with_internal("recorded status " + std::to_string(r.status));
+            .with_internal(why);
     log_internal(e, "scope=" + p->id.scope + " key=" + p->id.key);
     http_response res = error_response(e, shown_key);
     if (r.replayed) res.set("Idempotent-Replayed", "true");
-    return finish(*p, std::move(res));
+    return res;
+  };
+  if (!is_final_status(r.status)) {
+    return finish(*p, unsendable("recorded status " + std::to_string(r.status)));
   }
   http_response res;
   try {  // the pool swallows what a job throws: every request gets an answer
@@ -310,10 +314,10 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
       res.set("Idempotency-Key-Retention", retention_seconds());
     }
     res.prepare_payload();
+  } catch (const std::exception& e) {
+    res = unsendable(std::string("the recorded answer: ") + e.what());
   } catch (...) {
-    const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
-    log_internal(info, "scope=" + p->id.scope + " key=" + p->id.key);
-    res = error_response(info, shown_key);
+    res = unsendable("the recorded answer: an exception of no known type");
   }
   finish(*p, std::move(res));
 }

@@ -168,6 +168,14 @@ class record_tx {
   const record_sql& sql_;
 };
 
+/// Why `r`'s headers cannot be recorded and sent on every replay, or
+/// nullopt: a name that is not an HTTP token, a value with a control
+/// character (a line break would send the rest as a header of its own) or
+/// longer than 8192 bytes (Beast refuses a field over 64 KB, and a client's
+/// parser often one over 8 KB). record_tx::finish() and admin::resolve()
+/// refuse such an answer.
+[[nodiscard]] std::optional<std::string> unsendable_header(const response& r);
+
 /// Opens a record transaction on the shard of `id`.
 std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id);
 
