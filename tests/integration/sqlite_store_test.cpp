@@ -567,6 +567,63 @@ TEST(SqliteStore, ABatchWhoseMemberCannotBeUndoneIsRolledBackNotCommitted) {
   });
 }
 
+// Found in review: a batch whose ROLLBACK failed too (out of memory) left
+// the connection inside its transaction, and every later BEGIN failed with
+// a permanent error ("cannot start a transaction within a transaction"):
+// every request was told not to retry until the process restarted. The
+// next batch rolls the leftover back first, or refuses as retryable.
+TEST(SqliteStore, ABatchWhoseRollbackFailedDoesNotWedgeTheWriter) {
+  sqlite_detail::single_writer w(sqlite_options{.path = fresh_path(),
+                                                .busy_timeout = std::chrono::seconds(30),
+                                                .max_batch_age = std::chrono::minutes(10)});
+  w.exclusively([](sqlite_detail::connection& c) { c.exec("CREATE TABLE r (id INTEGER)"); });
+  std::atomic<bool> undo_fails{false};
+  std::atomic<bool> rollback_fails{false};
+  w.on_undo_for_tests([&] { return undo_fails.load(); });
+  w.on_rollback_for_tests([&] { return rollback_fails.load(); });
+  within(std::chrono::seconds(120), [&] {
+    // A doomed batch (a member that cannot be undone) whose ROLLBACK fails.
+    const auto kept = w.enter();
+    w.conn().exec("INSERT INTO r (id) VALUES (1)");
+    auto undone = std::async(std::launch::async, [&] {
+      const auto t = w.enter();
+      w.conn().exec("INSERT INTO r (id) VALUES (2)");
+      undo_fails = true;
+      rollback_fails = true;
+      w.leave(t, /*keep=*/false);
+    });
+    for (int i = 0; i < 60'000 && w.stats().waiting == 0; ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(w.stats().waiting, 1U);
+    const auto told = failure_of([&] { w.leave(kept, /*keep=*/true); }).get();
+    undone.get();
+    undo_fails = false;
+    if (!told) {
+      ADD_FAILURE() << "told its row committed in a batch that was not";
+      return 0;
+    }
+    EXPECT_TRUE(told->retryable()) << told->what();
+    // While the leftover cannot be rolled back: retryable, never final.
+    const auto refused =
+        failure_of([&] {
+          w.run([](sqlite_detail::connection& c) { c.exec("INSERT INTO r (id) VALUES (3)"); });
+        }).get();
+    if (!refused) {
+      ADD_FAILURE() << "a transaction ran inside the failed batch's";
+      return 0;
+    }
+    EXPECT_TRUE(refused->retryable()) << refused->what();
+    // Once it can: the writer goes on, and nothing of the failed batch stays.
+    rollback_fails = false;
+    w.run([](sqlite_detail::connection& c) { c.exec("INSERT INTO r (id) VALUES (4)"); });
+    std::int64_t rows = -1;
+    w.exclusively([&](sqlite_detail::connection& c) {
+      rows = c.run("SELECT COUNT(*) FROM r", {}).at(0).get<std::int64_t>(0);
+    });
+    EXPECT_EQ(rows, 1) << "only the row written after the failed batch";
+    return 0;
+  });
+}
+
 // Found in review: a failed batch's outcome was kept in a map of the last
 // 4,096 failures, so a member the scheduler put off past 4,096 more failed
 // batches (a failing disk fails them fast) read "committed", and its caller

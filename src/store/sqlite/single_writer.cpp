@@ -186,6 +186,7 @@ void single_writer::refuse_if_turn_is_mine(std::unique_lock<std::mutex>&) const 
 void single_writer::open_batch(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   try {
+    end_leftover_transaction();
     conn_->exec("BEGIN IMMEDIATE");
   } catch (...) {
     lock.lock();
@@ -539,6 +540,25 @@ void single_writer::undo_member() noexcept {
   if (sqlite3_get_autocommit(db) == 0) doomed_ = true;
 }
 
+// Found in review: a batch whose COMMIT, and then ROLLBACK, failed (out of
+// memory) left the connection inside its transaction, and every later BEGIN
+// failed with "cannot start a transaction within a transaction", a permanent
+// error: every request was told not to retry until the process restarted,
+// and other processes waited on the write lock. Nothing of that batch was
+// kept (its members were told so): it is rolled back here, or this
+// transaction is refused as retryable.
+void single_writer::end_leftover_transaction() {
+  sqlite3* db = conn_->db();
+  if (sqlite3_get_autocommit(db) != 0) return;
+  const bool fail = rollback_fails_ && rollback_fails_();
+  if (!fail) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  if (sqlite3_get_autocommit(db) == 0) {
+    throw storage_error::transient(
+        "sqlite: an earlier batch's transaction could not be rolled back yet (out of memory?); "
+        "nothing of this transaction ran");
+  }
+}
+
 void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
   const std::uint64_t batch = batch_;
   const bool any = kept_ > 0;
@@ -548,9 +568,12 @@ void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
   sqlite3* db = conn_->db();
   // A batch nobody kept anything in needs no fsync: roll it back. So does a
   // doomed one (undo_member()): its members that kept are told it failed.
+  const bool commit = any && !doomed;
+  const bool rollback_fails = rollback_fails_ && rollback_fails_();  // tests: out of memory
   committing_ = true;
-  const int rc =
-      sqlite3_exec(db, any && !doomed ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
+  const int rc = !commit && rollback_fails
+                     ? SQLITE_NOMEM
+                     : sqlite3_exec(db, commit ? "COMMIT" : "ROLLBACK", nullptr, nullptr, nullptr);
   committing_ = false;
   if (any && doomed) {
     failure = storage_error::transient(
@@ -563,7 +586,9 @@ void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
       failure = e;
     }
   }
-  if (sqlite3_get_autocommit(db) == 0) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  if (sqlite3_get_autocommit(db) == 0 && !rollback_fails) {
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
   lock.lock();
   if (any) ++stats_.commits;
   finish_batch(lock, batch, failure);
@@ -596,6 +621,7 @@ void single_writer::exclusively(const std::function<void(connection&)>& f) {
   try {
     if (batch_open_) commit_batch(lock);  // handed an open batch: finish it first
     wake_and_unlock(lock);                // its members, before f runs
+    end_leftover_transaction();
     f(*conn_);
     lock.lock();
   } catch (...) {

@@ -136,6 +136,10 @@ class single_writer {
   /// as when SQLite cannot prepare any (out of memory). Set before any
   /// member enters.
   void on_undo_for_tests(std::function<bool()> fails) { undo_fails_ = std::move(fails); }
+  /// Tests only: when it returns true, a batch's ROLLBACK runs no statement,
+  /// as when SQLite cannot prepare one (out of memory). Set before any
+  /// member enters.
+  void on_rollback_for_tests(std::function<bool()> fails) { rollback_fails_ = std::move(fails); }
 
  private:
   // A job: a body and what became of it. Written under m_, except by the
@@ -161,6 +165,9 @@ class single_writer {
                           std::exception_ptr& thrown) noexcept;
   void undo_member() noexcept;
   void open_batch(std::unique_lock<std::mutex>& lock);
+  /// Rolls back a transaction a failed batch left open on the connection;
+  /// throws storage_error::transient when it is still open. Without m_.
+  void end_leftover_transaction();
   /// The open batch may take more members (max_batch, max_batch_age).
   [[nodiscard]] bool batch_may_grow(std::unique_lock<std::mutex>& lock) const;
   /// From the writer thread (a body that begins another transaction on this
@@ -221,6 +228,7 @@ class single_writer {
   std::function<void()> batch_waited_;     // on_batch_waited_for_tests()
   std::function<void()> end_member_hook_;  // on_end_member_for_tests()
   std::function<bool()> undo_fails_;       // on_undo_for_tests()
+  std::function<bool()> rollback_fails_;   // on_rollback_for_tests()
 
   // Jobs not yet run, in arrival order, and the gate their threads sleep on:
   // the jobs queued together run together (the writer takes them all), and
