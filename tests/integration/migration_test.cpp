@@ -161,6 +161,48 @@ TEST_P(Migration, RecordsOfVersion2MoveForwardWithoutLoss) {
   EXPECT_EQ(rpcs, 1);
 }
 
+// Found in review: migration 3 rebuilds the SQLite records table, and its
+// DROP TABLE ran with foreign keys on, which first deletes every row: an
+// application table referencing the records ON DELETE CASCADE lost its rows
+// in the upgrade (the records themselves were copied). SQLite only: MySQL's
+// migrations alter the table in place.
+TEST(SqliteMigration, AnApplicationTableThatReferencesTheRecordsKeepsItsRows) {
+  const auto dir = std::filesystem::temp_directory_path() / ("orpheus-mig-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  {
+    sqlite_store s(sqlite_options{(dir / "orpheus.db").string()});
+    migrate_up_to(s, 2);
+    {
+      auto t = s.begin_on_shard(0);
+      t->execute(
+          "INSERT INTO orpheus_records (scope, idem_key, fingerprint, state, attempts, "
+          "created_us, updated_us, retry_until_us) VALUES ('shop', 'k1', ?, 3, 1, 1, 1, 1)",
+          fingerprint_of("x"));
+      t->execute(
+          "CREATE TABLE app_receipts (id INTEGER PRIMARY KEY, scope TEXT, idem_key TEXT, "
+          "FOREIGN KEY (scope, idem_key) REFERENCES orpheus_records (scope, idem_key) "
+          "ON DELETE CASCADE)");
+      t->execute("INSERT INTO app_receipts (id, scope, idem_key) VALUES (1, 'shop', 'k1')");
+      t->commit();
+    }
+    s.migrate();
+    EXPECT_EQ(s.schema_version(0), 6);
+    EXPECT_TRUE(s.inspect(request_id{"shop", "k1", fingerprint_of("x")}));
+    auto t = s.begin_on_shard(0);
+    const auto rows = t->query("SELECT COUNT(*) FROM app_receipts");
+    t->commit();
+    ASSERT_EQ(rows.size(), 1U);
+    EXPECT_EQ(rows[0].get<std::int64_t>(0), 1) << "the application's row went with the upgrade";
+    // Foreign keys are on again: a row pointing nowhere is refused.
+    auto bad = s.begin_on_shard(0);
+    EXPECT_THROW(
+        bad->execute("INSERT INTO app_receipts (id, scope, idem_key) VALUES (2, 'shop', 'none')"),
+        storage_error);
+    bad->rollback();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // A binary newer than its database's schema (deployed before `migrate`) used
 // to run statements naming columns the schema lacks: each failed as a
 // permanent error, and clients were told not to retry requests that had
