@@ -680,6 +680,24 @@ TEST(RetryLater, OneRuleForTheClientAndTheMiddleware) {
                   .has_value());
 }
 
+// Found in review: a fingerprinted header named twice counted its first
+// field only, so requests that differ in the second had one fingerprint,
+// and the second was answered with the first one's record. Every field
+// counts, joined as a proxy joins them; one field reads as before.
+TEST(MiddlewareFingerprint, EveryFieldOfAFingerprintedHeaderCounts) {
+  const auto with = [](std::initializer_list<const char*> accounts) {
+    http_request r{http::verb::post, "/v1/payments", 11};
+    r.set(http::field::content_type, "application/json");
+    for (const char* a : accounts) r.insert("X-Account", a);
+    r.body() = "{}";
+    return middleware::canonical_request(r, {"X-Account"});
+  };
+  EXPECT_NE(with({"a", "b"}), with({"a", "c"}));
+  EXPECT_NE(with({"a", "b"}), with({"a"}));
+  EXPECT_EQ(with({"a", "b"}), with({"a, b"})) << "as a proxy may join them";
+  EXPECT_NE(with({"a"}), with({}));
+}
+
 TEST_F(Middleware, FingerprintIgnoresJsonKeyOrderAndFormFieldOrder) {
   EXPECT_EQ(middleware::canonical_request(post("k", R"({"a":1,"b":[1,2]})"), {}),
             middleware::canonical_request(post("k", R"( { "b" : [1,2], "a" : 1 } )"), {}));

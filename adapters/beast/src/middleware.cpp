@@ -35,7 +35,21 @@ request_text text_of(const http_request& req, const std::vector<std::string>& he
                  req.body(),
                  {}};
   t.headers.reserve(headers.size());
-  for (const auto& name : headers) t.headers.emplace_back(name, std::string(sv(req[name])));
+  // Every field of the name, joined as a proxy may join them (RFC 9110,
+  // section 5.3), as for the key (found in review: req[name] is the first
+  // field alone, so "X-Account: a" with "X-Account: b" and with
+  // "X-Account: c" had one fingerprint, and the second request was answered
+  // with the first one's record).
+  for (const auto& name : headers) {
+    std::string value;
+    bool first = true;
+    for (auto [it, end] = req.equal_range(name); it != end; ++it) {
+      if (!first) value += ", ";
+      first = false;
+      value.append(sv(it->value()));
+    }
+    t.headers.emplace_back(name, std::move(value));
+  }
   return t;
 }
 

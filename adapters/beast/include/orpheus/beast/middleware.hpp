@@ -81,7 +81,8 @@ struct middleware_options {
   /// Methods on which a request without a key is refused with 400.
   std::vector<boost::beast::http::verb> key_required_on = {boost::beast::http::verb::post,
                                                            boost::beast::http::verb::patch};
-  /// Request headers that are part of the fingerprint (case-insensitive).
+  /// Request headers that are part of the fingerprint (case-insensitive;
+  /// every field of a name, joined with ", ").
   std::vector<std::string> fingerprint_headers;
   /// The caller's identity, from the authenticated request; nullopt: 401.
   /// orpheus/api_keys.hpp reads bearer tokens (`Authorization: Bearer`).
