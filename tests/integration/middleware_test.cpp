@@ -160,6 +160,37 @@ TEST_F(Middleware, AKeySentTwiceOrAsAListIsRefusedAndRunsNothing) {
 // throw, so a charged payment was answered 500 "do not retry", and so was
 // every replay. And an observe hook that threw left the request with no
 // answer at all.
+// Found in review: what identifying a request threw (no randomness for a
+// made-up key, a scope function whose lookup failed) escaped to the server,
+// which answered a bare 500 instead of the problem+json every other refusal
+// is, with its retryable member. Nothing ran, nothing was written.
+TEST_F(Middleware, AFailureToIdentifyTheCallerIsAProblemAnswerAndWritesNothing) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  middleware_options o;
+  o.scope = [](const http_request&) -> std::optional<std::string> {
+    throw retryable_error("api_keys_unavailable", "the key store did not answer");
+  };
+  middleware mw(*m_, pool, std::move(o));
+  std::promise<http_response> answer;
+  int rpc = 0;
+  mw.handle(
+      post("k1", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
+      [&](const attempt&, const http_request&) {
+        ++rpc;
+        return http_response{http::status::created, 11};
+      });
+  const auto res = answer.get_future().get();
+  EXPECT_EQ(res.result_int(), 503U);
+  EXPECT_EQ(res[http::field::content_type], "application/problem+json");
+  const auto problem = nlohmann::json::parse(res.body());
+  EXPECT_EQ(problem["code"], "api_keys_unavailable");
+  EXPECT_EQ(problem["retryable"], true);
+  EXPECT_FALSE(res[http::field::retry_after].empty());
+  EXPECT_EQ(rpc, 0);
+  EXPECT_FALSE(store_->inspect(request_id{"c1", "k1", fingerprint_of("x")}));
+}
+
 TEST_F(Middleware, ANoContentAnswerWithABodyAndAThrowingObserverStillAnswer) {
   m_ = std::make_unique<manager>(*store_);
   work_pool pool(2, 16);

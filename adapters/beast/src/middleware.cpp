@@ -246,7 +246,17 @@ http_response middleware::error_response(const error_info& e, const std::string&
 std::shared_ptr<middleware::pending> middleware::admit(http_request&& req,
                                                        const responder& respond) {
   const auto started = std::chrono::steady_clock::now();
-  auto who = identify(req);
+  std::variant<request_id, http_response> who;
+  try {
+    who = identify(req);
+  } catch (...) {
+    // Found in review: what identify() threw (no randomness for a made-up
+    // key, a scope function that failed) went out as the server's bare 500,
+    // not the problem+json every other refusal is. Nothing has run yet.
+    const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
+    log_internal(info, "before the request was identified");
+    who = error_response(info, {});
+  }
   if (auto* early = std::get_if<http_response>(&who)) {
     notify_observer(req, *early, started);
     respond(std::move(*early));
