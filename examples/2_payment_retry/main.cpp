@@ -25,6 +25,12 @@ class bank {
     ++calls_;
     if (ledger_.count(key) != 0) ++duplicates_;
     ledger_[key] += amount;
+    // Retryable, not in doubt: this call is over (the charge happened, in
+    // this process, before the answer was lost), and the retry asks the
+    // bank first (has_charge). A call that may still land downstream after
+    // the error (a timeout over a network) must throw error_class::in_doubt
+    // instead, which holds the key until the attempt's deadline
+    // (docs/errors.md).
     if (drop_response)
       throw orpheus::retryable_error("bank_timeout", "no answer from the bank", 504);
     return "ch_" + key.substr(4, 12);
