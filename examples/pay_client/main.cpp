@@ -33,6 +33,11 @@ Usage: pay_client --server URL --amount N [flags]
                       is refused (exit 2, naming the key: within the
                       server's retention, send --key K without --journal to
                       read the answer again; the message says when not)
+  --resume-within-ms N  a journal entry started longer ago is refused, never
+                      sent again (default 518400000, 6 days; at least 1000):
+                      keep it below the server's retention (payments_server
+                      --retention-ms), or a resumed key the server has
+                      forgotten runs as a new payment
   --attempts N        attempt cap (default 8)
   --deadline-ms N     overall deadline (default 90000, the library's: it
                       outlasts a lease take-over on a server with the
@@ -63,6 +68,11 @@ int main(int argc, char** argv) {
   auto key = f.str("key", "");
   const auto journal_path = f.str("journal", "");
   const auto name = f.str("name", "");
+  // Found in review: fixed at 6 days, so with a server keeping records for a
+  // day a key resumed on day 3 ran as a new payment.
+  orpheus::client::journal_options journal_options;
+  journal_options.resume_within = std::chrono::duration_cast<std::chrono::seconds>(
+      std::chrono::milliseconds(f.millis("resume-within-ms", 6L * 24 * 3600 * 1000, 1000)));
   orpheus::client::client_options options;
   options.policy.max_attempts = static_cast<int>(f.num("attempts", 8, 1, 1000));
   // Issue 7, defect 11: this was 30000, the server's whole lease, so a 409
@@ -102,7 +112,8 @@ int main(int argc, char** argv) {
     // sent already: only an answer that says what became of it settles it.
     bool resuming = !key.empty();
     if (!journal_path.empty()) {
-      journal = std::make_unique<orpheus::client::sqlite_key_journal>(journal_path);
+      journal =
+          std::make_unique<orpheus::client::sqlite_key_journal>(journal_path, journal_options);
       const auto entry = journal->entry_for(name, orpheus::fingerprint_of(body));
       key = entry.key;
       resuming = entry.resumed;
@@ -134,7 +145,20 @@ int main(int argc, char** argv) {
     // The journal keeps the key until the answer says what became of the
     // payment: after a lost answer, a 401 (say) does not, and a new key
     // could pay twice.
-    if (journal && r.settled()) journal->complete(name);
+    if (journal && r.settled()) {
+      // Found in review: a journal that could not be written (a full disk,
+      // another process holding it past the busy timeout) made a paid
+      // payment exit 2, "nothing sent", with no answer printed. The entry
+      // stays pending: a run with the same --name resumes its key and reads
+      // the answer again.
+      try {
+        journal->complete(name);
+      } catch (const std::exception& e) {
+        std::cerr << "pay_client: the answer below came, but the journal could not mark " << name
+                  << " complete (" << e.what() << "); running again with --name " << name
+                  << " resends key " << key << " and reads the same answer\n";
+      }
+    }
     std::cout << "status " << r.response->result_int() << (r.replayed ? " replayed" : "") << "\n"
               << "attempts " << r.attempts << "\n"
               << r.response->body() << "\n";

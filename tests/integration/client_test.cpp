@@ -966,6 +966,68 @@ TEST(Journal, ACompletedRequestRunAgainIsRefusedNotPaidUnderANewKey) {
   std::filesystem::remove_all(dir);
 }
 
+// Found in review: when the journal could not be written after the answer
+// came (a full disk, another process holding it past the busy timeout),
+// pay_client exited 2, "nothing sent", and printed no answer for a payment
+// that went through. It prints the answer with its usual exit code, and the
+// entry stays pending: the same command resumes the key.
+TEST(Journal, APaidAnswerIsPrintedWhenTheJournalCannotBeMarkedComplete) {
+  scripted_server s({{201, {}, 1500ms}}, {201});  // time to take the journal's lock
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const auto argv = pay_client_argv(s.endpoint().port, dir, "order-14/pay");
+  test::child_process paid(argv, /*with_stderr=*/true);
+  const std::string key = paid.read_line(10s).value_or("");
+  ASSERT_EQ(key.rfind("key ", 0), 0U);
+  sqlite3* holder = nullptr;
+  ASSERT_EQ(sqlite3_open((dir / "keys.db").string().c_str(), &holder), SQLITE_OK);
+  sqlite3_busy_timeout(holder, 5000);
+  ASSERT_EQ(sqlite3_exec(holder, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::vector<std::string> lines;
+  for (;;) {  // until the answer; the journal's busy timeout (5 s) passes first
+    const auto line = paid.read_line(30s);
+    if (!line) break;
+    lines.push_back(*line);
+    if (line->rfind("status ", 0) == 0) break;
+  }
+  sqlite3_exec(holder, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(holder);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "status 201");
+  const bool warned = std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("could not mark order-14/pay complete") != std::string::npos;
+  });
+  EXPECT_TRUE(warned) << "says the journal was not updated";
+  EXPECT_EQ(paid.wait(), 0) << "paid: not 'nothing sent'";
+  sqlite_key_journal j((dir / "keys.db").string());
+  EXPECT_EQ(j.pending(), std::vector<std::string>{"order-14/pay"}) << "resumable";
+  std::filesystem::remove_all(dir);
+}
+
+// Found in review: pay_client resumed a journal entry for 6 days whatever
+// the server's retention, so a key the server had forgotten ran as a new
+// payment. --resume-within-ms refuses older entries: nothing is sent.
+TEST(Journal, PayClientRefusesToResumeAnEntryOlderThanItsWindow) {
+  scripted_server s({{0, {}, 60s}}, {201});  // the first request never gets an answer
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const auto argv =
+      pay_client_argv(s.endpoint().port, dir, "order-15/pay", {"--resume-within-ms", "1000"});
+  {
+    test::child_process doomed(argv);
+    ASSERT_EQ(doomed.read_line(10s).value_or("").rfind("key ", 0), 0U);
+    for (int i = 0; i < 100 && s.seen().empty(); ++i) std::this_thread::sleep_for(20ms);
+    ASSERT_EQ(s.seen().size(), 1U);
+    doomed.kill_hard();
+  }
+  std::this_thread::sleep_for(2100ms);  // the entry's start is kept in whole seconds
+  test::child_process late(argv, /*with_stderr=*/true);
+  const std::string refusal = late.read_line(10s).value_or("");
+  EXPECT_EQ(late.wait(), 2) << refusal;
+  EXPECT_EQ(s.seen().size(), 1U) << "nothing sent again";
+  std::filesystem::remove_all(dir);
+}
+
 // Found in review: "" (SQLite's temporary database) and ":memory:" opened
 // journals that keep nothing past the process.
 TEST(Journal, APathThatIsNoFileIsRefused) {
