@@ -1099,6 +1099,11 @@ response manager::run_flow(flow_run& f) {
     // Safe to retry; or past the pivot, where the request only goes forward:
     // it stays retryable (a completer or the client tries again, and a
     // person decides once it runs out of attempts).
+    // A longer Retry-After than the backoff (a throttled or in-doubt step)
+    // is waited for, as for a single RPC (found in review: a step's or a
+    // compensation's was not, and the completer spent the attempts inside
+    // it and parked the request).
+    const std::int64_t wait = wait_after(backoff, failure, config_);
     error_info told = *failure;
     if (!failure->retryable()) {
       told = error_info::of(error_class::unavailable, codes::step_failed_after_pivot,
@@ -1109,17 +1114,16 @@ response manager::run_flow(flow_run& f) {
       // review: a client told nothing retried at once and spent the
       // attempts on a step that had just failed for good).
       told.retry_after = std::chrono::ceil<std::chrono::milliseconds>(
-          std::chrono::microseconds(std::max<std::int64_t>(backoff, 1000)));
+          std::chrono::microseconds(std::max<std::int64_t>(wait, 1000)));
     }
-    record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, failure, backoff},
+    record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, failure, wait},
                      [&](detail::record_tx& t, tx&) {
                        const std::string why = std::string(s.name) + ": " + reason_of(*failure);
                        if (failure->in_doubt()) {
                          return hold_until(t, f.id, f.owner, a.deadline(), f.terms, why,
-                                           f.ctx.runner, backoff, s.name);
+                                           f.ctx.runner, wait, s.name);
                        }
-                       return t.release(f.id, f.owner, why, wait_after(backoff, failure, config_),
-                                        f.ctx.runner, s.name);
+                       return t.release(f.id, f.owner, why, wait, f.ctx.runner, s.name);
                      });
     throw_retryable(told, a);
   }
@@ -1182,13 +1186,14 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
       continue;
     }
     if (err->retryable()) {
-      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, err, backoff},
+      const std::int64_t wait = wait_after(backoff, err, config_);  // as for a step
+      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, err, wait},
                        [&](detail::record_tx& t, tx&) {
                          if (err->in_doubt()) {
                            return hold_until(t, f.id, f.owner, a.deadline(), f.terms, why,
-                                             f.ctx.runner, backoff, s.name);
+                                             f.ctx.runner, wait, s.name);
                          }
-                         return t.release(f.id, f.owner, why, backoff, f.ctx.runner, s.name);
+                         return t.release(f.id, f.owner, why, wait, f.ctx.runner, s.name);
                        });
       throw_retryable(*err, a);
     }

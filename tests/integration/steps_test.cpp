@@ -384,6 +384,43 @@ TEST_P(Steps, ACompensationThatFailsSafelyIsResumedNotTheSteps) {
   EXPECT_EQ(bank.effects["undo_a"], 1);
 }
 
+// Found in review: a step's or a compensation's retryable failure that asked
+// for a longer wait (a 429's Retry-After, a gateway's "an earlier call may
+// still land") was retried by the completer on its short backoff, which spent
+// the request's attempts inside the wait and parked it partway. Both wait as
+// a single RPC does (up to the longer of retry_backoff_max and
+// in_doubt_window).
+TEST_P(Steps, AStepOrACompensationThatAsksForALongerWaitIsRetriedNoSooner) {
+  config cfg = quick();
+  cfg.in_doubt_window = 20s;
+  manager m(*store_, cfg);
+  fake_bank bank;
+  bank.fault = [](const std::string& op, const attempt& a) -> std::optional<error_info> {
+    const auto throttled = error_info::of(error_class::unavailable, "bank_throttled", "slow down")
+                               .with_retry_after(5s);
+    if (op == "b" && a.number() == 1) return throttled;  // a step
+    if (op == "c") return declined();
+    if (op == "undo_b" && a.number() == 2) return throttled;  // a compensation
+    return std::nullopt;
+  };
+  const std::string handler = "wait-" + scope_.substr(6);  // the completer's schedule
+  m.register_handler(handler, 1, flow_of(bank, {"a", "b", "c"}, 2, {"a", "b"}));
+  const auto pay = [&] {
+    return m.process(handler, id("k1"), [&](tx&) { return order{scope_ + "/o1", 5}; });
+  };
+  for (const char* what : {"a step", "a compensation"}) {
+    SCOPED_TRACE(what);
+    EXPECT_THROW(pay(), error);
+    const auto r = store_->inspect(id("k1"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->state, record_state::retryable);
+    EXPECT_GE(r->next_attempt_us - r->db_now_us, 4'000'000) << "not the 2 ms backoff";
+    EXPECT_LE(r->next_attempt_us - r->db_now_us, 5'000'000);
+  }
+  EXPECT_EQ(pay().status, 402);
+  EXPECT_EQ(bank.log(), (strings{"a#1", "b#1", "b#2", "c#2", "undo_b#2", "undo_b#3", "undo_a#3"}));
+}
+
 TEST_P(Steps, ACompensationThatFailsForGoodParksTheRequestAndAlertsOnce) {
   config cfg = quick();
   std::vector<parked_event> alerts;
