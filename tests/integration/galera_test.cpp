@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -242,6 +243,75 @@ TEST_F(Galera, PaymentsSurviveTheNodeInUseDyingAndRejoining) {
     EXPECT_EQ(rows.at(0).get<std::int64_t>(0), kPayments) << "node " << node + 1;
     EXPECT_EQ(records.at(0).get<std::int64_t>(0), kPayments) << "node " << node + 1;
   }
+}
+
+// Found in review: a node of another Galera cluster listed in a shard (by
+// mistake, spelled otherwise than under its own shard) was taken on a
+// fail-over like any ready node. The other cluster, migrated as a shard of
+// its own, records the same place, so the shard map check could not tell;
+// a retry of a key paid on this cluster found no record there and paid
+// again. Such a node is never used: the request is refused, retryable,
+// until the shard's own node answers, and then replays.
+TEST_F(Galera, ANodeOfAnotherClusterInAShardsListIsNeverUsed) {
+  const auto other = dir_ / "other";  // under dir_: removed with it
+  std::filesystem::create_directories(other);
+  const int other_port = port_ + 50;  // its ports up to +83, clear of this cluster's
+  const std::string galera_script = std::string(ORPHEUS_SOURCE_DIR) + "/scripts/galera ";
+  ASSERT_EQ(run(galera_script + "start " + other.string() + " " + std::to_string(other_port)), 0);
+  struct stop_other {
+    std::string command;
+    ~stop_other() { run(command); }
+  } stop{galera_script + "stop " + other.string()};
+  mysql_options theirs;
+  theirs.shards = {parse_mysql_url("mysql://u:p@127.0.0.1:" + std::to_string(other_port) + "/d")};
+  mysql_store(theirs).migrate();
+
+  mysql_options o;
+  o.shards = {parse_mysql_url("mysql://u:p@127.0.0.1:" + std::to_string(port_) +
+                              ",127.0.0.1:" + std::to_string(other_port) + "/d")};
+  o.connect_timeout = 2s;
+  o.pool_wait = 2s;
+  mysql_store store(o);
+  store.migrate();
+  manager m(store);
+  const request_id id{"galera", "pay-1", fingerprint_of("pay-1")};
+  int rpcs = 0;
+  const auto pay = [&] {
+    return m.process(
+        id, [](tx&) { return 1; },
+        [&](const attempt&, int) {
+          ++rpcs;
+          return std::string("ch_1");
+        },
+        [](tx&, const attempt&, const std::string& charge) {
+          return response{201, {}, charge};
+        });
+  };
+  EXPECT_EQ(pay().status, 201);
+  ASSERT_EQ(galera("kill", "1"), 0);  // this cluster's only listed node
+  for (int i = 0; i < 3; ++i) {       // the dead connections, then the fail-over
+    try {
+      const response r = pay();
+      ADD_FAILURE() << "answered with node 1 down: " << r.status << (r.replayed ? " replayed" : "");
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+    }
+  }
+  EXPECT_EQ(rpcs, 1) << "the payment ran again on the other cluster";
+  EXPECT_FALSE(mysql_store(theirs).inspect(id)) << "a record written on the other cluster";
+  ASSERT_EQ(galera("restart", "1"), 0);
+  std::optional<response> again;
+  for (int i = 0; i < 100 && !again; ++i) {
+    try {
+      again = pay();
+    } catch (const error& e) {
+      if (!e.retryable()) throw;
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->replayed);
+  EXPECT_EQ(rpcs, 1);
 }
 
 }  // namespace

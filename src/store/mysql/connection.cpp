@@ -102,13 +102,21 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
   if (galera) {
     // A node out of the primary component answers 1047 to every statement
     // that touches data: refuse it here, so the pool tries the next node.
-    rs.reset(st->executeQuery("SHOW STATUS LIKE 'wsrep_ready'"));
-    if (!rs->next() || rs->getString(2) != "ON") {
+    // The same round trip reads which cluster it is a node of (pool::connect).
+    rs.reset(st->executeQuery(
+        "SHOW STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_cluster_state_uuid')"));
+    bool ready = false;
+    while (rs->next()) {
+      const std::string name = rs->getString(1);
+      if (name == "wsrep_ready") ready = rs->getString(2) == "ON";
+      if (name == "wsrep_cluster_state_uuid") cluster_ = rs->getString(2);
+    }
+    rs.reset();
+    if (!ready) {
       throw sql::SQLException("Galera node " + node.host + ":" + std::to_string(node.port) +
                                   " is not ready (wsrep_ready OFF)",
                               "08S01", 1047);
     }
-    rs.reset();
     // The first statement of a transaction, and every read outside one (the
     // record's fast path), waits until this node has applied every commit
     // the cluster made before it: READ (1), UPDATE and DELETE (2), INSERT

@@ -52,6 +52,9 @@ class connection {
   std::size_t node() const { return node_; }
   /// The server runs BEGIN NOT ATOMIC ... END (MariaDB 10.1 and later).
   bool compound_statements() const { return mariadb_; }
+  /// The node's Galera cluster (wsrep_cluster_state_uuid); empty for a
+  /// shard of one server.
+  const std::string& galera_cluster() const { return cluster_; }
 
   /// Runs a statement without parameters or results (COMMIT, ROLLBACK).
   /// Never use sql::Connection::commit()/rollback(): connector 1.1.12 returns
@@ -76,6 +79,7 @@ class connection {
   bool rollback_on_timeout_ = false;
   bool mariadb_ = false;
   std::size_t node_ = 0;
+  std::string cluster_;
 };
 
 /// Binds `params` to `ps`'s placeholders, in order.

@@ -82,6 +82,30 @@ std::unique_ptr<connection> pool::borrow() {
   }
 }
 
+// Found in review: a node of another Galera cluster in a shard's list (one
+// spelled differently from the same node under another shard, so that the
+// check of duplicates at start-up passed) was taken on a fail-over as any
+// ready node, and a retry of a key finished on the shard's own cluster found
+// no record there and ran again (a second charge). The shard map check did
+// not see it either when that database records the same place, and re-reads
+// it only every few seconds. Every node is now held to the cluster of the
+// first one this process reached; one of another is passed over (retryable)
+// like a node that is not a Galera node. A cluster rebuilt from nothing (a
+// new state UUID) needs the process restarted.
+void pool::same_cluster(const connection& c, const mysql_host& node) {
+  if (c.galera_cluster().empty()) return;
+  const std::lock_guard lock(health_.cluster_mutex);
+  if (health_.cluster.empty()) health_.cluster = c.galera_cluster();
+  if (health_.cluster == c.galera_cluster()) return;
+  throw storage_error::transient(
+      "mysql: the shard lists " + node.host + ":" + std::to_string(node.port) +
+      ", a node of another Galera cluster (wsrep_cluster_state_uuid " + c.galera_cluster() +
+      ") than the shard's node this process reached first (" + health_.cluster +
+      "), so it is not used: a node listed under the wrong shard would answer for keys "
+      "whose records are on another cluster. If the cluster was rebuilt from nothing, "
+      "restart this process (docs/sharding.md)");
+}
+
 std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
   const std::size_t nodes = 1 + shard_.failover.size();
   std::size_t first = node_in_use_.load() % nodes;
@@ -89,29 +113,31 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
   // than the last node's (found in review: a permanent one, a host blocked,
   // would fail the request for good while another node was merely down).
   std::optional<sql::SQLException> transient;
-  // A node that is not a Galera node: its refusal (retryable) is the answer
-  // when every node failed, so that the reason is seen.
-  std::optional<storage_error> not_galera;
+  // A node that is not a Galera node, or one of another cluster: its
+  // refusal (retryable) is the answer when every node failed, so that the
+  // reason is seen.
+  std::optional<storage_error> passed_over;
   for (std::size_t i = 0;; ++i) {
     const std::size_t n = (first + i) % nodes;
     const mysql_host node = n == 0 ? mysql_host{shard_.host, shard_.port} : shard_.failover[n - 1];
     ++health_.connects;
     try {
       auto c = std::make_unique<connection>(node, n, shard_, options_, autocommit_, generation);
+      same_cluster(*c, node);
       // Only if no other thread moved the node in use meanwhile.
       node_in_use_.compare_exchange_strong(first, n);
       return c;
     } catch (const sql::SQLException& e) {
       if (!transient && judge(e, false, false).retryable) transient.emplace(e);
       if (i + 1 == nodes) {
-        if (not_galera) throw *not_galera;
+        if (passed_over) throw *passed_over;
         if (transient) throw *transient;
         throw;
       }
-    } catch (const storage_error& e) {  // not a Galera node: passed over, never used
+    } catch (const storage_error& e) {  // not a node of the shard's cluster: passed over
       log(log_level::error, e.what());
-      if (!not_galera) not_galera.emplace(e);
-      if (i + 1 == nodes) throw *not_galera;
+      if (!passed_over) passed_over.emplace(e);
+      if (i + 1 == nodes) throw *passed_over;
     }
   }
 }

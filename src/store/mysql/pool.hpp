@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -35,6 +36,11 @@ struct shard_health {
   std::atomic<std::uint64_t> failed_pings{0};
   std::atomic<std::uint64_t> connects{0};
   std::atomic<std::uint64_t> dropped_unpinged{0};
+  /// The Galera cluster (wsrep_cluster_state_uuid) of the first node either
+  /// pool connected to; a node of another cluster is never used (see
+  /// pool::connect). Empty until then, and for a shard of one server.
+  std::mutex cluster_mutex;
+  std::string cluster;
 };
 
 class pool {
@@ -85,6 +91,9 @@ class pool {
   /// a Galera node if any (retryable), else a retryable node's error if any,
   /// else the last node's.
   std::unique_ptr<connection> connect(std::uint64_t generation);
+  /// Throws storage_error::transient when `c` is a node of another Galera
+  /// cluster than the shard's first (shard_health::cluster).
+  void same_cluster(const connection& c, const mysql_host& node);
 
   mysql_shard shard_;
   const mysql_options& options_;
