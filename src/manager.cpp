@@ -939,6 +939,16 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           t->commit();
         } else {
           t->take_lease(id, owner, locked->attempts + 1, terms);
+          // An attempt of a newer version of the record's handler makes it
+          // that version's: an older server, still running in a rolling
+          // deploy or after a rollback, no longer runs it (found in review:
+          // only the version that inserted it counted, so after a newer
+          // version had called downstream, perhaps under other downstream
+          // keys, an older one could call again under its own).
+          if (!locked->handler.empty() && locked->handler == ctx.handler &&
+              locked->handler_version < ctx.handler_version) {
+            t->raise_handler_version(id, ctx.handler_version);
+          }
           attempt_number = locked->attempts + 1;
           // The later of the record's in-doubt time and, for an attempt
           // whose lease ran out under it (marked above), now plus the window.

@@ -140,6 +140,9 @@ record_sql::record_sql(const sql_dialect& d) {
                " + ?, next_attempt_us = " + if_handler + " + ? END, attempts = ?, " +
                later("expires_us", now + " + ?") + ", updated_us = " + now +
                " WHERE scope = ? AND idem_key = ?";
+  raise_handler_version =
+      "UPDATE orpheus_records SET handler_version = ? WHERE scope = ? AND idem_key = ? AND "
+      "handler_version < ?";
   mark_in_doubt = "UPDATE orpheus_records SET " +
                   later("in_doubt_until_us", "lease_expires_us + ?") +
                   ", next_attempt_us = CASE WHEN next_attempt_us IS NULL THEN NULL WHEN "
@@ -364,6 +367,11 @@ void record_tx::take_lease(const request_id& id, std::string_view owner, int att
                          id.scope,
                          id.key};
   t_->execute_values(sql_.take_lease, p);
+}
+
+void record_tx::raise_handler_version(const request_id& id, int version) {
+  const sql_value p[] = {std::int64_t{version}, id.scope, id.key, std::int64_t{version}};
+  t_->execute_values(sql_.raise_handler_version, p);
 }
 
 bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner, std::int64_t window_us,

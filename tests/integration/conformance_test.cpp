@@ -1398,6 +1398,41 @@ TEST_P(Conformance, AnOlderHandlerVersionNeverRunsANewerVersionsRecord) {
   EXPECT_EQ(v1.runs, 0);
 }
 
+// Found in review: a record kept the version of the handler that inserted
+// it. Once a newer version had run an attempt of a version-1 request
+// (perhaps calling downstream under other downstream keys), a version-1
+// server, still running in a rolling deploy or back after a rollback, could
+// run it again under its own keys. The newer version's attempt makes it
+// that version's.
+TEST_P(Conformance, ARequestANewerVersionHasRunIsNeverRunByAnOlderOne) {
+  config cfg = short_backoff();
+  const std::string handler = "upver-" + scope_.substr(6);
+  manager older(*store_, cfg);
+  completer_rig v1;
+  v1.register_on_version(older, handler, 1);
+  v1.fail = [](const attempt&) { return true; };
+  manager newer(*store_, cfg);
+  completer_rig v2;
+  v2.register_on_version(newer, handler, 2);
+  v2.fail = [](const attempt&) { return true; };
+  const auto rid = id("upgraded");
+  EXPECT_THROW(older.process(handler, rid, pay_pre), error);  // version 1 inserts it
+  EXPECT_EQ(store_->inspect(rid)->handler_version, 1);
+  std::this_thread::sleep_for(30ms);                          // past the backoff
+  EXPECT_THROW(newer.process(handler, rid, pay_pre), error);  // version 2 runs an attempt
+  EXPECT_EQ(store_->inspect(rid)->handler_version, 2);
+  std::this_thread::sleep_for(30ms);
+  try {
+    older.process(handler, rid, pay_pre);
+    ADD_FAILURE() << "version 1 ran a request version 2 had run";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::pre_state_unreadable) << e.what();
+    EXPECT_TRUE(e.retryable());
+  }
+  EXPECT_EQ(v1.runs, 1);
+  EXPECT_EQ(v2.runs, 1);
+}
+
 // Found in review of the in-doubt parking rule: a completer's claim moves
 // next_attempt_us, and the rule then answered it 409 on every pass, so a
 // spent record whose client went away was never parked.

@@ -30,6 +30,7 @@ struct record_sql {
   std::string save_pre_state;
   std::string save_progress;
   std::string take_lease;
+  std::string raise_handler_version;
   std::string mark_in_doubt;
   std::string mark_in_doubt_unfenced;
   std::string finish;
@@ -99,6 +100,9 @@ class record_tx {
   /// when the lease ends), if it has a handler.
   void take_lease(const request_id& id, std::string_view new_owner, int attempts,
                   const lease_terms& terms, std::optional<std::int64_t> next_attempt_in_us = {});
+  /// Under lock(): the record's handler version becomes `version` if that is
+  /// newer (an attempt of a newer version runs it from now on).
+  void raise_handler_version(const request_id& id, int version);
   /// The attempt's call downstream has an unknown outcome: it may still land
   /// until `window_us` after the lease ends (record::in_doubt_until_us; a
   /// later time already there stays), and a completer tries it again no
