@@ -133,7 +133,10 @@ class attempt {
   /// to a downstream service so that it deduplicates too.
   [[nodiscard]] std::string downstream_key(std::string_view name) const;
   /// The step this RPC (or compensation) belongs to, in a multi-step request
-  /// (orpheus/steps.hpp); empty for process()'s single RPC.
+  /// (orpheus/steps.hpp); empty for process()'s single RPC. In a
+  /// compensation it names the step being undone: give the compensation's
+  /// downstream key a name of its own, or a service that deduplicates by key
+  /// answers it with the step's own outcome.
   [[nodiscard]] std::string_view step() const noexcept { return step_; }
   /// True when a completer (orpheus/completer.hpp) runs this attempt, not a
   /// client's request.

@@ -134,7 +134,9 @@ class gateway {
 /// (attempt::downstream_key()): each charge of one request needs its own.
 /// In a multi-step request (orpheus/steps.hpp) whose steps charge more than
 /// once, pass each step's name (a.step()): under the default two steps share
-/// one key, and the gateway answers the second with the first's charge. The
+/// one key, and the gateway answers the second with the first's charge (a
+/// compensation's refund needs a name of its own: there a.step() is the
+/// name of the step it undoes, docs/steps.md). The
 /// default is kept as it is because changing it would change the key of a
 /// request in flight across an upgrade, and its retry would charge again.
 std::string charge_once(gateway& g, const attempt& a, const charge_request& r,
