@@ -168,7 +168,7 @@ admin_result admin::resolve(std::string_view scope, std::string_view key, const 
   // Found in review: a Content-Type with a line break was recorded as given
   // and every replay sent the line after it as a header of its own; one of
   // 64 KB made every replay a final 500.
-  if (auto why = detail::unsendable_header(r)) {
+  if (auto why = detail::unsendable_header(r, 8192)) {
     throw bad_input_error(codes::invalid_request, "a resolved response's " + *why);
   }
   auto t = detail::begin_record_tx(store_, id);

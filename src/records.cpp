@@ -385,7 +385,7 @@ bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner, std:
   return t_->execute_values(sql_.mark_in_doubt, p) == 1;
 }
 
-std::optional<std::string> unsendable_header(const response& r) {
+std::optional<std::string> unsendable_header(const response& r, std::size_t max_value) {
   for (const auto& [name, value] : r.headers) {
     const bool name_ok =
         !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
@@ -394,12 +394,12 @@ std::optional<std::string> unsendable_header(const response& r) {
                      std::string_view::npos;
         });
     const bool value_ok =
-        value.size() <= 8192 && std::none_of(value.begin(), value.end(), [](unsigned char c) {
+        value.size() <= max_value && std::none_of(value.begin(), value.end(), [](unsigned char c) {
           return (c < 0x20 && c != '\t') || c == 0x7f;
         });
     if (!name_ok || !value_ok) {
-      return "header '" + name.substr(0, 64) +
-             "' is not one line of at most 8192 bytes with a token for a name";
+      return "header '" + name.substr(0, 64) + "' is not one line of at most " +
+             std::to_string(max_value) + " bytes with a token for a name";
     }
   }
   return std::nullopt;
@@ -409,9 +409,11 @@ bool record_tx::finish(const request_id& id, std::string_view owner, record_stat
                        const response& r, std::string_view last_error, const lease_terms& t) {
   // Found in review: an answer with a header of 64 KB was recorded as
   // succeeded, and the HTTP front end answered it (the first time and every
-  // replay) with a final 500, "do not retry", over a payment made. Refused
-  // as a 1xx is, below.
-  if (auto why = unsendable_header(r)) {
+  // replay) with a final 500, "do not retry", over a payment made; one with
+  // a line break was sent on every replay with the rest as a header of its
+  // own. Refused as a 1xx is, below: only what cannot go out as it is (a
+  // long but valid header is recorded, as before).
+  if (auto why = unsendable_header(r, max_header_value)) {
     throw std::logic_error("the handler's answer cannot be recorded: its " + *why);
   }
   if (!is_final_status(r.status)) {

@@ -164,31 +164,35 @@ TEST_F(Middleware, AKeySentTwiceOrAsAListIsRefusedAndRunsNothing) {
 // made-up key, a scope function whose lookup failed) escaped to the server,
 // which answered a bare 500 instead of the problem+json every other refusal
 // is, with its retryable member. Nothing ran, nothing was written.
-TEST_F(Middleware, AFailureToIdentifyTheCallerIsAProblemAnswerAndWritesNothing) {
-  m_ = std::make_unique<manager>(*store_);
+TEST_F(Middleware, AFailureToIdentifyTheCallerIsARetryableProblemAnswer) {
+  m_ = std::make_unique<manager>(*store_);  // config::unclassified: non-retryable
   work_pool pool(2, 16);
-  middleware_options o;
-  o.scope = [](const http_request&) -> std::optional<std::string> {
-    throw retryable_error("api_keys_unavailable", "the key store did not answer");
-  };
-  middleware mw(*m_, pool, std::move(o));
-  std::promise<http_response> answer;
-  int rpc = 0;
-  mw.handle(
-      post("k1", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
-      [&](const attempt&, const http_request&) {
-        ++rpc;
-        return http_response{http::status::created, 11};
-      });
-  const auto res = answer.get_future().get();
-  EXPECT_EQ(res.result_int(), 503U);
-  EXPECT_EQ(res[http::field::content_type], "application/problem+json");
-  const auto problem = nlohmann::json::parse(res.body());
-  EXPECT_EQ(problem["code"], "api_keys_unavailable");
-  EXPECT_EQ(problem["retryable"], true);
-  EXPECT_FALSE(res[http::field::retry_after].empty());
-  EXPECT_EQ(rpc, 0);
-  EXPECT_FALSE(store_->inspect(request_id{"c1", "k1", fingerprint_of("x")}));
+  for (const bool ours : {true, false}) {
+    SCOPED_TRACE(ours ? "an orpheus::error" : "any other exception");
+    middleware_options o;
+    o.scope = [ours](const http_request&) -> std::optional<std::string> {
+      if (ours) throw retryable_error("api_keys_unavailable", "the key store did not answer");
+      throw std::runtime_error("the key store timed out");  // not final: nothing ran
+    };
+    middleware mw(*m_, pool, std::move(o));
+    std::promise<http_response> answer;
+    int rpc = 0;
+    mw.handle(
+        post("k1", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
+        [&](const attempt&, const http_request&) {
+          ++rpc;
+          return http_response{http::status::created, 11};
+        });
+    const auto res = answer.get_future().get();
+    EXPECT_EQ(res.result_int(), 503U);
+    EXPECT_EQ(res[http::field::content_type], "application/problem+json");
+    const auto problem = nlohmann::json::parse(res.body());
+    EXPECT_EQ(problem["code"], ours ? "api_keys_unavailable" : "unclassified_error");
+    EXPECT_EQ(problem["retryable"], true);
+    EXPECT_FALSE(res[http::field::retry_after].empty());
+    EXPECT_EQ(res.body().find("timed out"), std::string::npos) << "internal detail stays in";
+    EXPECT_EQ(rpc, 0);
+  }
 }
 
 TEST_F(Middleware, ANoContentAnswerWithABodyAndAThrowingObserverStillAnswer) {
@@ -459,65 +463,80 @@ TEST_F(Middleware, AnInterimStatusIsNotRecordedAndAnOldRecordOfOneIsAFinalProble
 // Found in review: an answer with a header Beast cannot send (over 64 KB)
 // was recorded as succeeded, and its first answer and every replay were an
 // unclassified 500, "do not retry", not marked replayed, over a payment
-// made. A header that is not one line of at most 8 KB is refused before it
-// is recorded (503, retryable, the key left to a retry, as for a 1xx); a
-// record of one from an older version is the final "cannot be sent" problem.
+// made; one with a line break was sent, first and on every replay, with the
+// rest as a header of its own. Such an answer is refused before it is
+// recorded (503, retryable, the key left to a retry, as for a 1xx); a long
+// but valid header is recorded as before; a record of a bad one from an
+// older version is the final "cannot be sent" problem, marked replayed.
 TEST_F(Middleware, AnAnswerWithAnUnsendableHeaderIsNotRecordedAndAnOldRecordOfOneIsFinal) {
   m_ = std::make_unique<manager>(*store_);
   work_pool pool(2, 16);
   auto mw = make(pool);
   std::atomic<int> calls{0};
-  std::atomic<bool> big{true};
-  auto send = [&](const std::string& key) {
+  std::string receipt = "r1\r\nSet-Cookie: session=stolen";
+  std::mutex receipt_m;
+  auto send_with = [&](middleware& via, const std::string& key) {
     std::promise<http_response> answer;
-    mw.handle(
+    via.handle(
         post(key, "100"), [&](http_response r) { answer.set_value(std::move(r)); },
         [&](const attempt&, const http_request&) {
           ++calls;
           http_response res{http::status::created, 11};
-          res.set("X-Receipt", std::string(big ? 9000 : 10, 'r'));
+          const std::lock_guard lock(receipt_m);
+          res.set("X-Receipt", receipt);
           res.body() = "charged";
           return res;
         });
     return answer.get_future().get();
   };
+  const auto send = [&](const std::string& key) { return send_with(mw, key); };
+  const auto set_receipt = [&](std::string r) {
+    const std::lock_guard lock(receipt_m);
+    receipt = std::move(r);
+  };
   const auto refused = send("k1");
   EXPECT_EQ(refused.result_int(), 503U);
   EXPECT_EQ(nlohmann::json::parse(refused.body())["code"], "post_rpc_failed");
   EXPECT_EQ(nlohmann::json::parse(refused.body())["retryable"], true);
+  EXPECT_EQ(refused.count("Set-Cookie"), 0U);
   const auto rec = store_->inspect(request_id{"c1", "k1", fingerprint_of("x")});
   ASSERT_TRUE(rec);
   EXPECT_EQ(rec->state, record_state::retryable);
   EXPECT_NE(rec->last_error.find("X-Receipt"), std::string::npos) << rec->last_error;
-  big = false;
+  set_receipt(std::string(9000, 'r'));  // long, and sendable: recorded
   EXPECT_EQ(send("k1").result_int(), 201U);
-  EXPECT_EQ(send("k1")["Idempotent-Replayed"], "true");
+  const auto replay = send("k1");
+  EXPECT_EQ(replay["Idempotent-Replayed"], "true");
+  EXPECT_EQ(replay["X-Receipt"].size(), 9000U);
   EXPECT_EQ(calls, 2);
 
-  // A record as an older version could leave it: a header of 70,000 bytes.
-  EXPECT_EQ(send("k2").result_int(), 201U);
-  {
-    auto t = store_->begin_on_shard(0);
-    t->execute("UPDATE orpheus_records SET headers = '[[\"X-Big\",\"" + std::string(70000, 'b') +
-               "\"]]' WHERE idem_key = 'k2'");
-    t->commit();
+  // Records as an older version could leave them: a line break, 70,000 bytes.
+  int n = 0;
+  for (const std::string& bad :
+       {std::string("r\\r\\nSet-Cookie: session=stolen"), std::string(70000, 'b')}) {
+    const std::string key = "old-" + std::to_string(++n);
+    SCOPED_TRACE(key);
+    set_receipt("r1");
+    auto recording = make(pool);  // m_ is replaced below: a middleware of its own
+    EXPECT_EQ(send_with(recording, key).result_int(), 201U);
+    {
+      auto t = store_->begin_on_shard(0);
+      t->execute("UPDATE orpheus_records SET headers = '[[\"X-Receipt\",\"" + bad +
+                 "\"]]' WHERE idem_key = '" + key + "'");
+      t->commit();
+    }
+    m_ = std::make_unique<manager>(*store_);  // no replay remembered
+    auto fresh = make(pool);
+    const int before = calls;
+    const auto old = send_with(fresh, key);
+    EXPECT_EQ(old.result_int(), 500U);
+    EXPECT_EQ(old["Idempotent-Replayed"], "true");
+    EXPECT_EQ(old.count("Set-Cookie"), 0U);
+    const auto problem = nlohmann::json::parse(old.body());
+    EXPECT_EQ(problem["retryable"], false) << old.body();
+    EXPECT_NE(problem["detail"].get<std::string>().find("cannot be sent"), std::string::npos);
+    EXPECT_EQ(calls, before) << "the old record's request is not run again";
   }
-  m_ = std::make_unique<manager>(*store_);  // no replay remembered
-  auto fresh = make(pool);
-  std::promise<http_response> answer;
-  fresh.handle(
-      post("k2", "100"), [&](http_response r) { answer.set_value(std::move(r)); },
-      [&](const attempt&, const http_request&) {
-        ++calls;
-        return http_response{http::status::created, 11};
-      });
-  const auto old = answer.get_future().get();
-  EXPECT_EQ(old.result_int(), 500U);
-  EXPECT_EQ(old["Idempotent-Replayed"], "true");
-  const auto problem = nlohmann::json::parse(old.body());
-  EXPECT_EQ(problem["retryable"], false) << old.body();
-  EXPECT_NE(problem["detail"].get<std::string>().find("cannot be sent"), std::string::npos);
-  EXPECT_EQ(calls, 3) << "the old record's request is not run again";
 }
 
 // Found in review (issue 10): the one-lambda form recorded whatever the

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/api_keys.hpp"
+#include "orpheus/detail/records.hpp"
 #include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
 #include "orpheus/problem.hpp"
@@ -247,15 +248,29 @@ std::shared_ptr<middleware::pending> middleware::admit(http_request&& req,
                                                        const responder& respond) {
   const auto started = std::chrono::steady_clock::now();
   std::variant<request_id, http_response> who;
+  // Nothing has run yet: what is not an orpheus::error is retryable, whatever
+  // config::unclassified says (that policy is for a call downstream that may
+  // have taken effect).
+  const auto unidentified = [&](const std::string& what) {
+    const error_info info =
+        error_info::of(error_class::unavailable, codes::unclassified,
+                       "the caller could not be identified; retry with the same key")
+            .with_internal("identifying the caller: " + what);
+    log_internal(info, "before the request was identified");
+    return error_response(info, {});
+  };
+  // Found in review: what identify() threw (no randomness for a made-up key,
+  // a scope function that failed) went out as the server's bare 500, not the
+  // problem+json every other refusal is.
   try {
     who = identify(req);
+  } catch (const error& e) {
+    log_internal(e.info(), "before the request was identified");
+    who = error_response(e.info(), {});
+  } catch (const std::exception& e) {
+    who = unidentified(e.what());
   } catch (...) {
-    // Found in review: what identify() threw (no randomness for a made-up
-    // key, a scope function that failed) went out as the server's bare 500,
-    // not the problem+json every other refusal is. Nothing has run yet.
-    const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
-    log_internal(info, "before the request was identified");
-    who = error_response(info, {});
+    who = unidentified("an exception of no known type");
   }
   if (auto* early = std::get_if<http_response>(&who)) {
     notify_observer(req, *early, started);
@@ -319,6 +334,11 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
   if (!is_final_status(r.status)) {
     return finish(*p, unsendable("recorded status " + std::to_string(r.status)));
   }
+  // A record made before finish() refused them: a line break would send the
+  // rest of the value as a header of its own, on every replay.
+  if (auto why = detail::unsendable_header(r, detail::max_header_value)) {
+    return finish(*p, unsendable("the recorded " + *why));
+  }
   http_response res;
   try {  // the pool swallows what a job throws: every request gets an answer
     res = http_response{static_cast<http::status>(r.status), 11};
@@ -338,6 +358,10 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
       res.set("Idempotency-Key-Retention", retention_seconds());
     }
     res.prepare_payload();
+  } catch (const std::bad_alloc&) {  // not the record's fault: as any other exception
+    const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
+    log_internal(info, "scope=" + p->id.scope + " key=" + p->id.key);
+    res = error_response(info, shown_key);
   } catch (const std::exception& e) {
     res = unsendable(std::string("the recorded answer: ") + e.what());
   } catch (...) {

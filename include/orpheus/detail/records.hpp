@@ -172,13 +172,17 @@ class record_tx {
   const record_sql& sql_;
 };
 
-/// Why `r`'s headers cannot be recorded and sent on every replay, or
-/// nullopt: a name that is not an HTTP token, a value with a control
-/// character (a line break would send the rest as a header of its own) or
-/// longer than 8192 bytes (Beast refuses a field over 64 KB, and a client's
-/// parser often one over 8 KB). record_tx::finish() and admin::resolve()
-/// refuse such an answer.
-[[nodiscard]] std::optional<std::string> unsendable_header(const response& r);
+/// Why `r`'s headers cannot be sent as they are, or nullopt: a name that is
+/// not an HTTP token, a value with a control character (a line break would
+/// send the rest as a header of its own), or a value longer than
+/// `max_value` bytes. record_tx::finish() refuses a handler's answer over
+/// max_header_value (what Beast can send at all) and the HTTP front end a
+/// recorded one; admin::resolve() an operator's over 8192.
+[[nodiscard]] std::optional<std::string> unsendable_header(const response& r,
+                                                           std::size_t max_value);
+/// The longest header value Beast sends (a field is at most 64 KiB with its
+/// CRLF).
+inline constexpr std::size_t max_header_value = 65533;
 
 /// Opens a record transaction on the shard of `id`.
 std::unique_ptr<record_tx> begin_record_tx(store& s, const request_id& id);
