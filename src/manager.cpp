@@ -431,12 +431,14 @@ std::string reason_of(const error_info& e) {
 }
 
 /// Throws a retryable RPC outcome to the caller. An in-doubt one keeps the
-/// key to the attempt's deadline (hold_until): a client sent back sooner
-/// would only meet 409 and spend attempts.
-[[noreturn]] void throw_retryable(error_info e, const attempt& a) {
+/// key to the attempt's deadline (hold_until), or to `held_until` when the
+/// key is held longer: a client sent back sooner would only meet 409 and
+/// spend attempts.
+[[noreturn]] void throw_retryable(error_info e, const attempt& a,
+                                  std::optional<clock::time_point> held_until = std::nullopt) {
   if (e.in_doubt()) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        a.deadline() - std::chrono::steady_clock::now());
+        held_until.value_or(a.deadline()) - std::chrono::steady_clock::now());
     if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
   }
   throw error(e);
@@ -477,6 +479,9 @@ void record_after_rpc(const after_rpc& w,
     }
   };
   const std::string where = "scope " + w.id.scope + " key " + w.id.key;
+  // An in-doubt call's key is held to the lease's end (leave()), which is
+  // that much after the attempt's deadline.
+  const clock::time_point lease_end = w.a.deadline() + (w.c.lease - w.c.rpc_timeout);
   // What Post-RPC threw, carried out of the transaction (which it undoes).
   struct post_rpc_threw {
     std::exception_ptr what;
@@ -510,7 +515,7 @@ void record_after_rpc(const after_rpc& w,
                          codes::post_rpc_failed,
                          "recording the result failed; retry with the same key")
               .with_internal(reason_of(cause)),
-          w.a);
+          w.a, lease_end);
     }
   } catch (const storage_error& e) {
     if (e.code() == codes::lease_lost) {
@@ -524,7 +529,7 @@ void record_after_rpc(const after_rpc& w,
       throw;
     }
     leave(e.what());
-    // An in-doubt call keeps the key to the attempt's deadline whatever the
+    // An in-doubt call keeps the key to the lease's end whatever the
     // database did, and the client is told so (found in review: a failed
     // recording after an in-doubt RPC answered storage_unavailable or
     // post_rpc_failed, not in doubt, with a Retry-After of a second, and the
@@ -532,7 +537,7 @@ void record_after_rpc(const after_rpc& w,
     if (!rpc_in_doubt) {
       if (e.retryable()) throw;
     } else if (e.in_doubt()) {
-      throw_retryable(e.info(), w.a);  // the COMMIT's own doubt, with the call's hold
+      throw_retryable(e.info(), w.a, lease_end);  // the COMMIT's own doubt, the call's hold
     }
     // Even a permanent database error here leaves the key retryable: the
     // RPC ran, so the client must come back and let a retry finish it.
@@ -541,7 +546,7 @@ void record_after_rpc(const after_rpc& w,
                                    codes::post_rpc_failed,
                                    "recording the result failed; retry with the same key")
                         .with_internal(e.what()),
-                    w.a);
+                    w.a, lease_end);
   }
 }
 
