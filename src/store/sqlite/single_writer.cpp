@@ -557,6 +557,10 @@ void single_writer::end_leftover_transaction() {
         "sqlite: an earlier batch's transaction could not be rolled back yet (out of memory?); "
         "nothing of this transaction ran");
   }
+  // A migration's (sqlite_store::exclusively) turns foreign keys off, and
+  // could not turn them on inside the transaction left open: every
+  // connection of the store has them on.
+  sqlite3_exec(db, "PRAGMA foreign_keys=ON", nullptr, nullptr, nullptr);
 }
 
 void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {

@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "connection.hpp"
@@ -282,30 +281,32 @@ class sqlite_backend final : public store_backend {
       // table says (found in review: with them on, migration 3's DROP TABLE
       // of the records, copied to their new table, first deleted every row,
       // and an application table that referenced them ON DELETE CASCADE
-      // lost its rows). A no-op inside a transaction: set before BEGIN.
+      // lost its rows). The migrations copy every row they move, key and
+      // all, so none is left pointing nowhere. A no-op inside a
+      // transaction: set before BEGIN, and on again after its end.
       c.exec("PRAGMA foreign_keys=OFF");
-      struct keys_back_on {
-        connection& c;
-        ~keys_back_on() {
-          sqlite3_exec(c.db(), "PRAGMA foreign_keys=ON", nullptr, nullptr, nullptr);
-        }
-      } on_again{c};
-      c.exec("BEGIN IMMEDIATE");  // DDL is transactional in SQLite: all or nothing
       try {
-        migration_session session(c);
-        f(session);
-        for (const auto& row : c.run("PRAGMA foreign_key_check", {})) {
-          const auto* parent = std::get_if<std::string>(&row.values.at(2));
-          if (parent != nullptr && parent->rfind("orpheus_", 0) == 0) {
-            throw storage_error::permanent("sqlite: after the migration, rows of " +
-                                           row.get<std::string>(0) + " would refer to " + *parent +
-                                           " rows that are gone; nothing was changed");
-          }
+        c.exec("BEGIN IMMEDIATE");  // DDL is transactional in SQLite: all or nothing
+        try {
+          migration_session session(c);
+          f(session);
+          c.exec("COMMIT");
+        } catch (...) {
+          sqlite3_exec(c.db(), "ROLLBACK", nullptr, nullptr, nullptr);
+          throw;
         }
-        c.exec("COMMIT");
       } catch (...) {
-        sqlite3_exec(c.db(), "ROLLBACK", nullptr, nullptr, nullptr);
+        // Best effort; a transaction left open by a failed ROLLBACK is
+        // rolled back, and foreign keys put on, before the next batch
+        // (single_writer::end_leftover_transaction).
+        sqlite3_exec(c.db(), "PRAGMA foreign_keys=ON", nullptr, nullptr, nullptr);
         throw;
+      }
+      c.exec("PRAGMA foreign_keys=ON");
+      const auto on = c.run("PRAGMA foreign_keys", {});
+      if (on.empty() || on[0].get<std::int64_t>(0) != 1) {
+        throw storage_error::transient(
+            "sqlite: foreign keys could not be turned on again after the migration");
       }
     });
   }
