@@ -5,6 +5,8 @@
 #include <cppconn/parameter_metadata.h>
 #include <cppconn/resultset_metadata.h>
 
+#include <algorithm>
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -107,7 +109,9 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
         "SHOW STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_cluster_state_uuid')"));
     bool ready = false;
     while (rs->next()) {
-      const std::string name = rs->getString(1);
+      std::string name = rs->getString(1);
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
       if (name == "wsrep_ready") ready = rs->getString(2) == "ON";
       if (name == "wsrep_cluster_state_uuid") cluster_ = rs->getString(2);
     }
