@@ -972,7 +972,7 @@ TEST(Journal, ACompletedRequestRunAgainIsRefusedNotPaidUnderANewKey) {
 // that went through. It prints the answer with its usual exit code, and the
 // entry stays pending: the same command resumes the key.
 TEST(Journal, APaidAnswerIsPrintedWhenTheJournalCannotBeMarkedComplete) {
-  scripted_server s({{201, {}, 1500ms}}, {201});  // time to take the journal's lock
+  scripted_server s({{201, {}, 3000ms}}, {201});  // time to take the journal's lock
   const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
   std::filesystem::create_directories(dir);
   const auto argv = pay_client_argv(s.endpoint().port, dir, "order-14/pay");
