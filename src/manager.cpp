@@ -537,7 +537,10 @@ void record_after_rpc(const after_rpc& w,
     if (!rpc_in_doubt) {
       if (e.retryable()) throw;
     } else if (e.in_doubt()) {
-      throw_retryable(e.info(), w.a, lease_end);  // the COMMIT's own doubt, the call's hold
+      // The COMMIT's own doubt: if it landed, hold_until() held the key to the
+      // attempt's deadline only (a longer Retry-After could outlast the
+      // client's deadline; an early one costs a 409 that says how long).
+      throw_retryable(e.info(), w.a);
     }
     // Even a permanent database error here leaves the key retryable: the
     // RPC ran, so the client must come back and let a retry finish it.

@@ -385,19 +385,19 @@ bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner, std:
   return t_->execute_values(sql_.mark_in_doubt, p) == 1;
 }
 
+bool sendable_field(std::string_view name, std::string_view value, std::size_t max_value) noexcept {
+  const bool name_ok = !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) != 0 ||
+           std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
+  });
+  return name_ok && value.size() <= max_value &&
+         std::none_of(value.begin(), value.end(),
+                      [](unsigned char c) { return (c < 0x20 && c != '\t') || c == 0x7f; });
+}
+
 std::optional<std::string> unsendable_header(const response& r, std::size_t max_value) {
   for (const auto& [name, value] : r.headers) {
-    const bool name_ok =
-        !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-          return std::isalnum(c) != 0 ||
-                 std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) !=
-                     std::string_view::npos;
-        });
-    const bool value_ok =
-        value.size() <= max_value && std::none_of(value.begin(), value.end(), [](unsigned char c) {
-          return (c < 0x20 && c != '\t') || c == 0x7f;
-        });
-    if (!name_ok || !value_ok) {
+    if (!sendable_field(name, value, max_value)) {
       return "header '" + name.substr(0, 64) + "' is not one line of at most " +
              std::to_string(max_value) + " bytes with a token for a name";
     }

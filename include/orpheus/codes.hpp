@@ -88,7 +88,8 @@ inline constexpr std::string_view earlier_charge_may_land = "earlier_charge_may_
 
 /// One row of the registry. `usual` is the class the code is emitted with;
 /// a few codes vary, and say so in docs/errors.md (post_rpc_failed is in
-/// doubt when the RPC was; unclassified_error follows config::unclassified).
+/// doubt when the RPC was; unclassified_error follows config::unclassified,
+/// and is retryable when nothing ran: identifying the caller failed).
 struct code_info {
   std::string_view code;
   error_class usual;

@@ -248,29 +248,17 @@ std::shared_ptr<middleware::pending> middleware::admit(http_request&& req,
                                                        const responder& respond) {
   const auto started = std::chrono::steady_clock::now();
   std::variant<request_id, http_response> who;
-  // Nothing has run yet: what is not an orpheus::error is retryable, whatever
-  // config::unclassified says (that policy is for a call downstream that may
-  // have taken effect).
-  const auto unidentified = [&](const std::string& what) {
-    const error_info info =
-        error_info::of(error_class::unavailable, codes::unclassified,
-                       "the caller could not be identified; retry with the same key")
-            .with_internal("identifying the caller: " + what);
-    log_internal(info, "before the request was identified");
-    return error_response(info, {});
-  };
   // Found in review: what identify() threw (no randomness for a made-up key,
   // a scope function that failed) went out as the server's bare 500, not the
-  // problem+json every other refusal is.
+  // problem+json every other refusal is. Nothing has run yet: what is not an
+  // orpheus::error is retryable, whatever config::unclassified says (that
+  // policy is for a call downstream that may have taken effect).
   try {
     who = identify(req);
-  } catch (const error& e) {
-    log_internal(e.info(), "before the request was identified");
-    who = error_response(e.info(), {});
-  } catch (const std::exception& e) {
-    who = unidentified(e.what());
   } catch (...) {
-    who = unidentified("an exception of no known type");
+    const error_info info = classify(std::current_exception(), unclassified_policy::retryable);
+    log_internal(info, "before the request was identified");
+    who = error_response(info, {});
   }
   if (auto* early = std::get_if<http_response>(&who)) {
     notify_observer(req, *early, started);
@@ -314,12 +302,11 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
     return finish(*p, error_response(e, shown_key));
   }
   const response& r = out.value();
-  // Only a record from before such answers were refused (a handler's 1xx or
-  // a header Beast cannot send, or an operator's resolve with one) cannot be
-  // sent. As it was, it went out as a bare 500 that clients retried until
-  // they gave up, or as an unclassified 500 not marked replayed, for a
-  // request whose RPC had run: a final problem instead, marked replayed,
-  // that tells the client not to retry with this key.
+  // Only a record from before such answers were refused (a handler's 1xx,
+  // or an operator's resolve with one) cannot be sent. As it was, it went
+  // out as a bare 500 that clients retried until they gave up, for a request
+  // whose RPC had run: a final problem instead, marked replayed, that tells
+  // the client not to retry with this key.
   const auto unsendable = [&](const std::string& why) {
     const error_info e =
         error_info::of(error_class::internal, codes::unclassified,
@@ -334,18 +321,36 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
   if (!is_final_status(r.status)) {
     return finish(*p, unsendable("recorded status " + std::to_string(r.status)));
   }
-  // A record made before finish() refused them: a line break would send the
-  // rest of the value as a header of its own, on every replay.
-  if (auto why = detail::unsendable_header(r, detail::max_header_value)) {
-    return finish(*p, unsendable("the recorded " + *why));
-  }
   http_response res;
   try {  // the pool swallows what a job throws: every request gets an answer
     res = http_response{static_cast<http::status>(r.status), 11};
     for (const auto& [name, value] : r.headers) {
       // Records made before record_of() dropped them, and the two-lambda
       // form's own headers.
-      if (!framing_header(name)) res.insert(name, value);
+      if (framing_header(name)) continue;
+      if (detail::sendable_field(name, value, detail::max_header_value)) {
+        res.insert(name, value);
+        continue;
+      }
+      // A record made before finish() refused such headers: the status and
+      // body say what became of the request, so they go out, with a control
+      // character (a line break would send the rest of the value as a header
+      // of its own) replaced by a space as RFC 9110 (5.5) allows, and a
+      // header that cannot be sent even so left out (found in review: both
+      // made the answer a final failure, for a request that had succeeded).
+      std::string clean = value;
+      for (char& c : clean) {
+        if (const auto u = static_cast<unsigned char>(c); (u < 0x20 && c != '\t') || u == 0x7f) {
+          c = ' ';
+        }
+      }
+      if (detail::sendable_field(name, clean, detail::max_header_value)) {
+        res.insert(name, clean);
+      } else {
+        log(log_level::error, "orpheus::beast: scope=" + p->id.scope + " key=" + p->id.key +
+                                  ": the recorded header '" + name.substr(0, 64) +
+                                  "' cannot be sent; answered without it");
+      }
     }
     // A 204 or 304 has no body on the wire (found in review: a
     // recorded 204 with "{}" made prepare_payload() throw, and every replay
@@ -358,8 +363,8 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
       res.set("Idempotency-Key-Retention", retention_seconds());
     }
     res.prepare_payload();
-  } catch (const std::bad_alloc&) {  // not the record's fault: as any other exception
-    const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
+  } catch (const std::bad_alloc&) {  // not the record's fault, and it passes: retry
+    const error_info info = classify(std::current_exception(), unclassified_policy::retryable);
     log_internal(info, "scope=" + p->id.scope + " key=" + p->id.key);
     res = error_response(info, shown_key);
   } catch (const std::exception& e) {

@@ -294,7 +294,8 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
     }
     identified = std::get<identity>(std::move(who)).id;
   } catch (...) {
-    const error_info e = classify(std::current_exception(), unclassified_policy::non_retryable);
+    // Nothing has run yet: retryable, as over HTTP (middleware::admit()).
+    const error_info e = classify(std::current_exception(), unclassified_policy::retryable);
     log(log_level::error, "orpheus::grpc: " + std::string(method) + ": " + e.code + ": " +
                               (e.internal.empty() ? e.message : e.internal));
     reactor->Finish(status_of(e));

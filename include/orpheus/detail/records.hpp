@@ -180,6 +180,9 @@ class record_tx {
 /// recorded one; admin::resolve() an operator's over 8192.
 [[nodiscard]] std::optional<std::string> unsendable_header(const response& r,
                                                            std::size_t max_value);
+/// Whether one header can be sent as it is (the rules of unsendable_header()).
+[[nodiscard]] bool sendable_field(std::string_view name, std::string_view value,
+                                  std::size_t max_value) noexcept;
 /// The longest header value Beast sends (a field is at most 64 KiB with its
 /// CRLF).
 inline constexpr std::size_t max_header_value = 65533;

@@ -549,18 +549,29 @@ void single_writer::undo_member() noexcept {
 // transaction is refused as retryable.
 void single_writer::end_leftover_transaction() {
   sqlite3* db = conn_->db();
-  if (sqlite3_get_autocommit(db) != 0) return;
-  const bool fail = rollback_fails_ && rollback_fails_();
-  if (!fail) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
   if (sqlite3_get_autocommit(db) == 0) {
-    throw storage_error::transient(
-        "sqlite: an earlier batch's transaction could not be rolled back yet (out of memory?); "
-        "nothing of this transaction ran");
+    const bool fail = rollback_fails_ && rollback_fails_();
+    if (!fail) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    if (sqlite3_get_autocommit(db) == 0) {
+      throw storage_error::transient(
+          "sqlite: an earlier batch's transaction could not be rolled back yet (out of "
+          "memory?); nothing of this transaction ran");
+    }
   }
-  // A migration's (sqlite_store::exclusively) turns foreign keys off, and
-  // could not turn them on inside the transaction left open: every
-  // connection of the store has them on.
-  sqlite3_exec(db, "PRAGMA foreign_keys=ON", nullptr, nullptr, nullptr);
+  // A migration (sqlite_store::exclusively) turns foreign keys off, and may
+  // not have turned them on again (inside a transaction left open the
+  // PRAGMA does nothing; out of memory): every connection of the store has
+  // them on.
+  if (foreign_keys_off_) {
+    sqlite3_exec(db, "PRAGMA foreign_keys=ON", nullptr, nullptr, nullptr);
+    const auto on = conn_->run("PRAGMA foreign_keys", {});
+    if (on.empty() || on[0].get<std::int64_t>(0) != 1) {
+      throw storage_error::transient(
+          "sqlite: foreign keys could not be turned on again after a migration; nothing of "
+          "this transaction ran");
+    }
+    foreign_keys_off_ = false;
+  }
 }
 
 void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {

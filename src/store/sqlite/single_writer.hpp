@@ -141,6 +141,13 @@ class single_writer {
   /// member enters.
   void on_rollback_for_tests(std::function<bool()> fails) { rollback_fails_ = std::move(fails); }
 
+  /// From exclusively()'s function, before it turns the connection's
+  /// foreign keys off: until it calls foreign_keys_on(), every batch (and
+  /// exclusively()) first turns them on again, and reads them back.
+  void foreign_keys_off() noexcept { foreign_keys_off_ = true; }
+  /// They are on again (read back).
+  void foreign_keys_on() noexcept { foreign_keys_off_ = false; }
+
  private:
   // A job: a body and what became of it. Written under m_, except by the
   // writer thread between taking it and finishing its batch.
@@ -229,6 +236,9 @@ class single_writer {
   std::function<void()> end_member_hook_;  // on_end_member_for_tests()
   std::function<bool()> undo_fails_;       // on_undo_for_tests()
   std::function<bool()> rollback_fails_;   // on_rollback_for_tests()
+  // Set and read only by the thread whose turn it is (exclusively()'s, then
+  // the batch's): the turn orders them.
+  bool foreign_keys_off_ = false;
 
   // Jobs not yet run, in arrival order, and the gate their threads sleep on:
   // the jobs queued together run together (the writer takes them all), and

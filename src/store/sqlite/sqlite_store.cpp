@@ -283,30 +283,30 @@ class sqlite_backend final : public store_backend {
       // and an application table that referenced them ON DELETE CASCADE
       // lost its rows). The migrations copy every row they move, key and
       // all, so none is left pointing nowhere. A no-op inside a
-      // transaction: set before BEGIN, and on again after its end.
+      // transaction: set before BEGIN, and on again after its end; if that
+      // fails, the next batch turns them on before it begins.
+      writer_->foreign_keys_off();
       c.exec("PRAGMA foreign_keys=OFF");
-      try {
-        c.exec("BEGIN IMMEDIATE");  // DDL is transactional in SQLite: all or nothing
-        try {
-          migration_session session(c);
-          f(session);
-          c.exec("COMMIT");
-        } catch (...) {
-          sqlite3_exec(c.db(), "ROLLBACK", nullptr, nullptr, nullptr);
-          throw;
+      struct keys_back_on {
+        single_writer& w;
+        connection& c;
+        ~keys_back_on() {
+          try {
+            c.exec("PRAGMA foreign_keys=ON");
+            const auto on = c.run("PRAGMA foreign_keys", {});
+            if (!on.empty() && on[0].get<std::int64_t>(0) == 1) w.foreign_keys_on();
+          } catch (...) {  // NOLINT(bugprone-empty-catch): the next batch does it
+          }
         }
+      } back_on{*writer_, c};
+      c.exec("BEGIN IMMEDIATE");  // DDL is transactional in SQLite: all or nothing
+      try {
+        migration_session session(c);
+        f(session);
+        c.exec("COMMIT");
       } catch (...) {
-        // Best effort; a transaction left open by a failed ROLLBACK is
-        // rolled back, and foreign keys put on, before the next batch
-        // (single_writer::end_leftover_transaction).
-        sqlite3_exec(c.db(), "PRAGMA foreign_keys=ON", nullptr, nullptr, nullptr);
+        sqlite3_exec(c.db(), "ROLLBACK", nullptr, nullptr, nullptr);
         throw;
-      }
-      c.exec("PRAGMA foreign_keys=ON");
-      const auto on = c.run("PRAGMA foreign_keys", {});
-      if (on.empty() || on[0].get<std::int64_t>(0) != 1) {
-        throw storage_error::transient(
-            "sqlite: foreign keys could not be turned on again after the migration");
       }
     });
   }
