@@ -4,22 +4,15 @@
 #include "orpheus/identify.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "orpheus/detail/ascii.hpp"
 #include "orpheus/detail/hex.hpp"
 
 namespace orpheus {
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
 
 // Form bodies: the same fields in another order are the same request. Only
 // the NAMES are ordered, stably: the order of a repeated field is part of its
@@ -74,7 +67,7 @@ std::size_t members_in(const nlohmann::json& j) {
 
 std::string canonical_body(std::string_view content_type, std::string_view body,
                            std::size_t max_json_depth) {
-  const auto type = lower(content_type);
+  const auto type = detail::ascii_lower(content_type);
   if (type.rfind("application/json", 0) == 0 && !json_nested_deeper_than(body, max_json_depth)) {
     // Parsed and dumped again: key order and white space do not matter. A
     // body that does not parse is fingerprinted as it is (the handler will
@@ -106,7 +99,7 @@ error_info bad_request(std::string_view code, std::string message) {
 }  // namespace
 
 bool is_json_content_type(std::string_view content_type) {
-  return lower(content_type).rfind("application/json", 0) == 0;
+  return detail::ascii_lower(content_type).rfind("application/json", 0) == 0;
 }
 
 // Issue 7, defect 14(a): nlohmann's dump() (and the handler's own use of the
@@ -139,7 +132,7 @@ std::string canonical_request(const request_text& r, std::size_t max_json_depth)
   out.append(r.method).push_back(' ');
   out.append(r.target).push_back('\n');
   for (const auto& [name, value] : r.headers) {
-    out.append(lower(name)).push_back(':');
+    out.append(detail::ascii_lower(name)).push_back(':');
     out.append(value).push_back('\n');
   }
   out.push_back('\n');

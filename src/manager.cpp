@@ -534,14 +534,12 @@ void record_after_rpc(const after_rpc& w,
     // recording after an in-doubt RPC answered storage_unavailable or
     // post_rpc_failed, not in doubt, with a Retry-After of a second, and the
     // client came back into 409s, spending its attempts).
-    if (!rpc_in_doubt) {
-      if (e.retryable()) throw;
-    } else if (e.in_doubt()) {
-      // The COMMIT's own doubt: if it landed, hold_until() held the key to the
-      // attempt's deadline only (a longer Retry-After could outlast the
-      // client's deadline; an early one costs a 409 that says how long).
-      throw_retryable(e.info(), w.a);
-    }
+    if (e.retryable() && !rpc_in_doubt) throw;  // a storage_error, as callers read it
+    // (From here the call is in doubt, or the error permanent.) The COMMIT's
+    // own doubt: if it landed, hold_until() held the key to the attempt's
+    // deadline only (a longer Retry-After could outlast the client's
+    // deadline; an early one costs a 409 that says how long).
+    if (e.in_doubt()) throw_retryable(e.info(), w.a);
     // Even a permanent database error here leaves the key retryable: the
     // RPC ran, so the client must come back and let a retry finish it.
     log(log_level::error, where + ": recording the result failed after the RPC ran: " + e.what());

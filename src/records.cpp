@@ -392,7 +392,7 @@ bool sendable_field(std::string_view name, std::string_view value, std::size_t m
   });
   return name_ok && value.size() <= max_value &&
          std::none_of(value.begin(), value.end(),
-                      [](unsigned char c) { return (c < 0x20 && c != '\t') || c == 0x7f; });
+                      [](unsigned char c) { return header_control(c); });
 }
 
 std::optional<std::string> unsendable_header(const response& r, std::size_t max_value) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/api_keys.hpp"
+#include "orpheus/detail/ascii.hpp"
 #include "orpheus/detail/records.hpp"
 #include "orpheus/identify.hpp"
 #include "orpheus/log.hpp"
@@ -28,6 +29,25 @@ error_info overloaded() {
                         "too many requests queued; retry later");
 }
 
+// Every field named `name`, joined as a proxy may join them (RFC 9110,
+// section 5.3); nullopt when there is none. Found in review: req[name] is
+// the first field alone, so a retry whose client or proxy added a second
+// key ran under the first one it saw (a new key, a second charge), and
+// "X-Account: a" with "X-Account: b" and with "X-Account: c" had one
+// fingerprint (the second request was answered with the first's record).
+std::optional<std::string> joined_field(const http_request& req, std::string_view name) {
+  std::optional<std::string> value;
+  for (auto [it, end] = req.equal_range(boost::beast::string_view(name.data(), name.size()));
+       it != end; ++it) {
+    if (value) {
+      value->append(", ").append(sv(it->value()));
+    } else {
+      value.emplace(sv(it->value()));
+    }
+  }
+  return value;
+}
+
 // The request as the core's identify() and canonical_request() read it.
 request_text text_of(const http_request& req, const std::vector<std::string>& headers) {
   request_text t{sv(req.method_string()),
@@ -36,20 +56,8 @@ request_text text_of(const http_request& req, const std::vector<std::string>& he
                  req.body(),
                  {}};
   t.headers.reserve(headers.size());
-  // Every field of the name, joined as a proxy may join them (RFC 9110,
-  // section 5.3), as for the key (found in review: req[name] is the first
-  // field alone, so "X-Account: a" with "X-Account: b" and with
-  // "X-Account: c" had one fingerprint, and the second request was answered
-  // with the first one's record).
   for (const auto& name : headers) {
-    std::string value;
-    bool first = true;
-    for (auto [it, end] = req.equal_range(name); it != end; ++it) {
-      if (!first) value += ", ";
-      first = false;
-      value.append(sv(it->value()));
-    }
-    t.headers.emplace_back(name, std::move(value));
+    t.headers.emplace_back(name, joined_field(req, name).value_or(std::string()));
   }
   return t;
 }
@@ -180,10 +188,7 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
         "middleware: wait.retention would apply to every request; set the manager's "
         "config::retention instead");
   }
-  for (auto& h : options_.fingerprint_headers) {
-    std::transform(h.begin(), h.end(), h.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  }
+  for (auto& h : options_.fingerprint_headers) h = detail::ascii_lower(h);
 }
 
 std::string middleware::canonical_request(const http_request& req,
@@ -195,18 +200,8 @@ std::string middleware::canonical_request(const http_request& req,
 // The core decides (orpheus/identify.hpp); this only reads the Beast request
 // and writes the refusal as an HTTP answer (never echoing a refused key).
 std::variant<request_id, http_response> middleware::identify(const http_request& req) const {
-  // Every field of the key's name, joined as a proxy may join them (RFC
-  // 9110, section 5.3): the core refuses a list. Found in review: the first
-  // field alone was read, so a retry whose client or proxy added a second
-  // key ran under the first one it saw, a new key, and charged again.
-  std::optional<std::string> key_value;
-  for (auto [it, end] = req.equal_range(options_.key_header); it != end; ++it) {
-    if (key_value) {
-      key_value->append(", ").append(sv(it->value()));
-    } else {
-      key_value.emplace(sv(it->value()));
-    }
-  }
+  // Every field of the key's name: the core refuses a list.
+  const std::optional<std::string> key_value = joined_field(req, options_.key_header);
   const identify_options rules{
       options_.key_header,
       std::find(options_.key_required_on.begin(), options_.key_required_on.end(), req.method()) !=
@@ -339,11 +334,9 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
       // header that cannot be sent even so left out (found in review: both
       // made the answer a final failure, for a request that had succeeded).
       std::string clean = value;
-      for (char& c : clean) {
-        if (const auto u = static_cast<unsigned char>(c); (u < 0x20 && c != '\t') || u == 0x7f) {
-          c = ' ';
-        }
-      }
+      std::replace_if(
+          clean.begin(), clean.end(),
+          [](char c) { return detail::header_control(static_cast<unsigned char>(c)); }, ' ');
       if (detail::sendable_field(name, clean, detail::max_header_value)) {
         res.insert(name, clean);
       } else {

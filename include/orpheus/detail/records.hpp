@@ -180,6 +180,10 @@ class record_tx {
 /// recorded one; admin::resolve() an operator's over 8192.
 [[nodiscard]] std::optional<std::string> unsendable_header(const response& r,
                                                            std::size_t max_value);
+/// A byte no header value may carry: a control character other than a tab.
+[[nodiscard]] constexpr bool header_control(unsigned char c) noexcept {
+  return (c < 0x20 && c != '\t') || c == 0x7f;
+}
 /// Whether one header can be sent as it is (the rules of unsendable_header()).
 [[nodiscard]] bool sendable_field(std::string_view name, std::string_view value,
                                   std::size_t max_value) noexcept;

@@ -5,10 +5,10 @@
 #include <cppconn/parameter_metadata.h>
 #include <cppconn/resultset_metadata.h>
 
-#include <algorithm>
-#include <cctype>
 #include <string>
 #include <vector>
+
+#include "orpheus/detail/ascii.hpp"
 
 namespace orpheus::mysql_detail {
 
@@ -109,9 +109,7 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
         "SHOW STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_cluster_state_uuid')"));
     bool ready = false;
     while (rs->next()) {
-      std::string name = rs->getString(1);
-      std::transform(name.begin(), name.end(), name.begin(),
-                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+      const std::string name = detail::ascii_lower(std::string(rs->getString(1)));
       if (name == "wsrep_ready") ready = rs->getString(2) == "ON";
       if (name == "wsrep_cluster_state_uuid") cluster_ = rs->getString(2);
     }

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -19,6 +18,7 @@
 #include "clock.hpp"
 #include "connection.hpp"
 #include "errors.hpp"
+#include "orpheus/detail/ascii.hpp"
 #include "pool.hpp"
 
 namespace orpheus {
@@ -269,16 +269,13 @@ void validate(const mysql_options& options) {
   // mistake in the list, refused here by name. (Another name for the same
   // server is caught by the recorded shard map.) Host names are compared
   // without case, as DNS reads them (found in review: h and H passed).
-  const auto lower = [](std::string host) {
-    std::transform(host.begin(), host.end(), host.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return host;
-  };
   std::vector<std::string> databases;
   for (const auto& s : options.shards) {
-    databases.push_back(lower(s.host) + ":" + std::to_string(s.port) + "/" + s.database);
+    databases.push_back(detail::ascii_lower(s.host) + ":" + std::to_string(s.port) + "/" +
+                        s.database);
     for (const auto& h : s.failover) {
-      databases.push_back(lower(h.host) + ":" + std::to_string(h.port) + "/" + s.database);
+      databases.push_back(detail::ascii_lower(h.host) + ":" + std::to_string(h.port) + "/" +
+                          s.database);
     }
   }
   std::sort(databases.begin(), databases.end());
