@@ -654,6 +654,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
   // cached answer is of a record since purged and made again (found in
   // review: the completer counted it finished, and nothing ran).
   std::uint64_t read_at = 0;
+  detail::replay_cache::clock::time_point read_started{};
   if (replay_cache_) {
     const auto known = replay_cache_->find(id);
     if (known.hit && ctx.runner != runner_completer) {
@@ -661,6 +662,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       return replayed(known.hit->recorded);
     }
     read_at = known.generation;
+    read_started = known.at;
   }
 
   // A few rounds at most: a round ends early only when another request
@@ -673,7 +675,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       seen = store_.read(id);
     }
     if (seen) {
-      if (replay_cache_) replay_cache_->put(id, *seen, read_at);  // terminal ones only
+      if (replay_cache_) replay_cache_->put(id, *seen, read_at, read_started);  // terminal ones
       if (seen->fingerprint != id.fingerprint) throw_mismatch();
       if (is_terminal(seen->state)) return replay_of(*seen);
       if (seen->state == record_state::parked) throw_parked(config_.parked_retry_after);
@@ -823,9 +825,14 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
           continue;  // the fast path decides: wait or 409
         }
         // A completer finishes the request with the retention it was made
-        // with (found in review: the default could purge it early).
-        if (ctx.runner == runner_completer && locked->retention_us > 0) {
-          terms.retention_us = locked->retention_us;
+        // with (found in review: the default could purge it early), and a
+        // client's retry with no less (found in review: a retry made
+        // without the first call's longer process_options::retention
+        // recorded the default, and a later retry after that ran as new).
+        if (locked->retention_us > 0) {
+          terms.retention_us = ctx.runner == runner_completer
+                                   ? locked->retention_us
+                                   : std::max(terms.retention_us, locked->retention_us);
         }
         // An attempt whose lease ran out under it: it crashed, stalled past
         // its lease, or was held in doubt (then it has a history row). Its

@@ -36,6 +36,7 @@ void parse_fast_meta(std::string_view meta, record& out) {
   out.lease_expires_us = number();
   out.recorded.status = static_cast<int>(number());
   out.db_now_us = number();
+  out.expires_us = number();
   const std::string_view rest(p, static_cast<std::size_t>(end - p));
   const auto space = rest.find(' ');
   if (space == 0 || rest.empty()) unreadable_row("fingerprint");

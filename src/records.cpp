@@ -40,18 +40,24 @@ std::string select_full(const sql_dialect& d) {
 // column dominates a replay: each column costs a name-map entry (upper-cased),
 // a bound buffer and a getter call, about 3,000 instructions (callgrind,
 // bench/process_bench.cpp), against about 1,000 for everything Orpheus adds
-// around the read. So the five numbers, the fingerprint and the lease owner
+// around the read. So the six numbers, the fingerprint and the lease owner
 // come back as ONE text column, and only headers and body (any bytes) keep
-// their own: 3 columns instead of 9. The concatenation has no NULL part
+// their own: 3 columns instead of 10. expires_us is there for the replay
+// cache, which keeps a record no longer than its row can be. The concatenation has no NULL part
 // (hence the COALESCEs, which give what record_from_row() gives a NULL: 0 or
 // ""). Every part is digits or hex (the fingerprint and the owner token are
 // written validated), so a space separates them unambiguously. Every column
 // has a one-letter alias: the connector upper-cases each column's name for
 // every result set.
 std::string select_fast(const sql_dialect& d) {
-  const std::vector<std::string> parts = {
-      "state",  "attempts",    "COALESCE(lease_expires_us, 0)", "COALESCE(status, 0)",
-      d.now_us, "fingerprint", "COALESCE(lease_owner, '')"};
+  const std::vector<std::string> parts = {"state",
+                                          "attempts",
+                                          "COALESCE(lease_expires_us, 0)",
+                                          "COALESCE(status, 0)",
+                                          d.now_us,
+                                          "COALESCE(expires_us, 0)",
+                                          "fingerprint",
+                                          "COALESCE(lease_owner, '')"};
   std::string sql = "SELECT " + d.concat_open;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     if (i > 0) sql += d.concat_separator;

@@ -1,5 +1,6 @@
 #include "replay_cache.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace orpheus::detail {
@@ -33,14 +34,14 @@ replay_cache::lookup replay_cache::find(const request_id& id) {
   const auto t = now_();
   std::lock_guard lock(mu_);
   const auto at = index_.find(k);
-  if (at == index_.end()) return {nullptr, generation_};
+  if (at == index_.end()) return {nullptr, generation_, t};
   const auto it = at->second;
   if (t >= it->expires) {
     erase(it);
-    return {nullptr, generation_};
+    return {nullptr, generation_, t};
   }
   lru_.splice(lru_.begin(), lru_, it);
-  return {it->value, generation_};
+  return {it->value, generation_, t};
 }
 
 std::uint64_t replay_cache::generation() const {
@@ -48,13 +49,26 @@ std::uint64_t replay_cache::generation() const {
   return generation_;
 }
 
-void replay_cache::put(const request_id& id, const record& r, std::uint64_t read_at) {
+void replay_cache::put(const request_id& id, const record& r, std::uint64_t read_at,
+                       clock::time_point read_started) {
   if (!is_terminal(r.state)) return;
+  // Found in review: an entry outlived its row. Another process purged the
+  // record at its expiry, a request with the key ran as new and charged, and
+  // this cache went on answering the old record, or a false 422 for the new
+  // payload, for the rest of its ttl. Both times are the database's, read in
+  // the same statement; read_started is before that statement ran, so the
+  // entry ends no later than the row may be purged.
+  const std::int64_t left_us = r.expires_us - r.db_now_us;
+  if (r.expires_us <= 0 || left_us <= 0) return;
+  // In microseconds first: an expiry of "for good" does not fit the clock.
+  const std::chrono::microseconds keep =
+      std::min(std::chrono::microseconds(left_us),
+               std::chrono::duration_cast<std::chrono::microseconds>(ttl_));
   std::string k = key_of(id);
   const std::size_t n = bytes_of(k, r);
   if (n > max_bytes_) return;
   auto value = std::make_shared<const entry>(entry{r.fingerprint, r.recorded});
-  const auto expires = now_() + ttl_;
+  const auto expires = read_started + std::chrono::duration_cast<clock::duration>(keep);
   std::lock_guard lock(mu_);
   if (read_at != generation_) return;  // read before a purge: it may be gone
   if (const auto at = index_.find(k); at != index_.end()) erase(at->second);

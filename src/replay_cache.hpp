@@ -5,9 +5,12 @@
 // it is purged, so a copy answers a replay exactly as the database would, and
 // only records read back from the database are kept (they are durable). What
 // a copy cannot see is a purge by another process, or a row deleted by hand:
-// each entry answers for at most `ttl`, and a purge in this process that
-// deleted rows (or failed part way) empties the cache. A key whose record was purged is then
-// answered from memory for up to `ttl` longer, never run again early.
+// each entry answers for at most `ttl`, and never past the record's own
+// expiry (expires_us, after which any process may purge it and a request
+// with its key runs as new); a purge in this process that deleted rows (or
+// failed part way) empties the cache. A row deleted by hand before its
+// expiry is answered from memory for up to `ttl` longer, never run again
+// early.
 //
 // Thread safety: every member may be called from any number of threads.
 #pragma once
@@ -48,6 +51,8 @@ class replay_cache {
     /// generation() at the lookup: on a miss, pass it to put() with what
     /// the store read afterwards.
     std::uint64_t generation = 0;
+    /// The cache's clock at the lookup, before that read: pass it to put().
+    clock::time_point at{};
   };
   [[nodiscard]] lookup find(const request_id& id);
   /// Bumped by clear(). Read it before reading a record from the store, and
@@ -56,8 +61,12 @@ class replay_cache {
   [[nodiscard]] std::uint64_t generation() const;
   /// Remembers `r` when it is terminal, fits in max_bytes on its own, and no
   /// clear() happened since `read_at` (a generation()); evicts the least
-  /// recently used entries to make room.
-  void put(const request_id& id, const record& r, std::uint64_t read_at);
+  /// recently used entries to make room. `read_started`, on the cache's
+  /// clock, is a time before the store read `r`: the entry ends `ttl` after
+  /// it, or sooner at the record's expiry (r.expires_us - r.db_now_us after
+  /// it); a record already expired, or without an expiry, is not kept.
+  void put(const request_id& id, const record& r, std::uint64_t read_at,
+           clock::time_point read_started);
   void clear();
 
   [[nodiscard]] std::size_t size() const;

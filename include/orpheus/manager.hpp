@@ -163,10 +163,11 @@ struct config {
   /// read by this manager are kept in the process, so that a replay of one
   /// of them needs no database round trip. 0 (the default): off, every
   /// replay reads the key's master. A terminal record never changes until it
-  /// is purged, so a remembered one answers as the database would; a purge by
-  /// another process (or a row deleted by hand) is seen after at most
-  /// replay_cache_ttl, and a purge_expired() that deleted rows (or failed)
-  /// empties this manager's memory.
+  /// is purged, so a remembered one answers as the database would. It is
+  /// forgotten at its own expiry (from then any process may purge it), a row
+  /// deleted by hand is seen after at most replay_cache_ttl, and a
+  /// purge_expired() that deleted rows (or failed) empties this manager's
+  /// memory.
   std::size_t replay_cache_bytes = 0;
   /// How long a remembered record answers before the database is read
   /// again. With the cache on: positive, and not longer than retention.

@@ -118,8 +118,9 @@ class store {
   [[nodiscard]] std::size_t shard_of(const request_id& id) const;
   /// The replay fast path: one read from the key's master, no transaction.
   /// Loads what the decision and a replay need: state, fingerprint, attempts,
-  /// lease, recorded response and the database clock. The other fields are
-  /// left empty (see inspect()).
+  /// lease, recorded response, the database clock, and expires_us (how long
+  /// a replay cache may keep it). The other fields are left empty (see
+  /// inspect()).
   std::optional<record> read(const request_id& id);
   /// The whole record, for tools and tests; no transaction.
   std::optional<record> inspect(const request_id& id);

@@ -94,7 +94,8 @@ std::string stored_headers(const std::vector<std::pair<std::string, std::string>
 std::string packed(const orpheus::record& r) {
   return std::to_string(static_cast<int>(r.state)) + " " + std::to_string(r.attempts) + " " +
          std::to_string(r.lease_expires_us) + " " + std::to_string(r.recorded.status) + " " +
-         std::to_string(r.db_now_us) + " " + r.fingerprint + " " + r.lease_owner;
+         std::to_string(r.db_now_us) + " " + std::to_string(r.expires_us) + " " + r.fingerprint +
+         " " + r.lease_owner;
 }
 
 void fuzz_packed(orpheus::sql_row row) {
@@ -114,7 +115,8 @@ void fuzz_packed(orpheus::sql_row row) {
   FUZZ_CHECK(again.state == r.state && again.attempts == r.attempts &&
                  again.lease_expires_us == r.lease_expires_us &&
                  again.recorded.status == r.recorded.status && again.db_now_us == r.db_now_us &&
-                 again.fingerprint == r.fingerprint && again.lease_owner == r.lease_owner,
+                 again.expires_us == r.expires_us && again.fingerprint == r.fingerprint &&
+                 again.lease_owner == r.lease_owner,
              "packed again, " + shown(packed(r)) + " reads as " + shown(packed(again)));
   FUZZ_CHECK(again.recorded.headers == r.recorded.headers,
              "headers " + shown(text_of(row.values[1])) + " do not read back as written");

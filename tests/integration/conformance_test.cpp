@@ -107,16 +107,28 @@ class Conformance : public testing::TestWithParam<std::string> {
     return c;
   }
 
-  // A request whose RPC counts its runs and answers "charged N". Its record
-  // expires at once, so the next purge takes it (the replay cache tests).
-  static response charge_expiring(manager& m, const request_id& rid, int& runs) {
+  // A request whose RPC counts its runs and answers "charged N", kept for
+  // `retention` (the replay cache tests).
+  static response charge(manager& m, const request_id& rid, int& runs,
+                         std::chrono::milliseconds retention) {
     return m.process(
         rid, [](tx&) { return 1; },
         [&](const attempt&, int) { return "charged " + std::to_string(++runs); },
         [](tx&, const attempt&, const std::string& v) {
           return response{201, {}, v};
         },
-        process_options{.retention = 0ms});
+        process_options{.retention = retention});
+  }
+  // The same, with a record that expires at once: the next purge takes it.
+  static response charge_expiring(manager& m, const request_id& rid, int& runs) {
+    return charge(m, rid, runs, 0ms);
+  }
+
+  // What a replay cache cannot see: a row deleted before its expiry (by hand).
+  void delete_by_hand(const request_id& rid) {
+    auto t = store_->begin_on_shard(store_->shard_of(rid));
+    t->execute("DELETE FROM orpheus_records WHERE scope = ? AND idem_key = ?", rid.scope, rid.key);
+    t->commit();
   }
 
   request_id id(const std::string& key, const std::string& body = "amount=100") const {
@@ -1755,6 +1767,33 @@ TEST_P(Conformance, TheCompleterKeepsTheRequestsOwnRetention) {
   EXPECT_GT(r->expires_us - r->db_now_us, std::int64_t{29} * 24 * 3600 * 1'000'000);
 }
 
+// Found in review: a client's retry made without the first call's longer
+// retention recorded the default one, so the record was purged early and a
+// later retry of the paid request ran as new.
+TEST_P(Conformance, AClientsRetryKeepsTheLongerRetentionTheRequestWasMadeWith) {
+  config cfg = short_lease();
+  cfg.retry_backoff_base = 1ms;
+  cfg.retry_backoff_max = 1ms;
+  manager m(*store_, cfg);
+  int calls = 0;
+  auto rpc = [&](const attempt&, const payment&) -> std::string {
+    if (++calls == 1) throw retryable_error("bank_unavailable", "503");
+    return "charged";
+  };
+  auto post = [](tx&, const attempt&, const std::string& v) { return response{201, {}, v}; };
+  const auto rid = id("k1");
+  const auto thirty_days = std::chrono::hours(24 * 30);
+  EXPECT_THROW(m.process(rid, pay_pre, rpc, post, process_options{.retention = thirty_days}),
+               error);
+  std::this_thread::sleep_for(10ms);
+  // The retry names a shorter retention (here none: the default, 7 days).
+  EXPECT_EQ(m.process(rid, pay_pre, rpc, post).status, 201);
+  const auto r = store_->inspect(rid);
+  ASSERT_EQ(r->state, record_state::succeeded);
+  EXPECT_EQ(calls, 2);
+  EXPECT_GT(r->expires_us - r->db_now_us, std::int64_t{29} * 24 * 3600 * 1'000'000);
+}
+
 // Found in review: stop() waited for the whole pass (up to batch x
 // rpc_timeout per shard); it now ends the pass after the running request.
 TEST_P(Conformance, StoppingACompleterClaimsNothingMore) {
@@ -2652,14 +2691,12 @@ TEST_P(Conformance, ReplayCacheAnswersFromMemoryUntilAPurgeHere) {
   manager cached(*store_, cfg);
   manager plain(*store_);
   int runs = 0;
-  auto run = [&](manager& m, const request_id& rid) { return charge_expiring(m, rid, runs); };
+  auto run = [&](manager& m, const request_id& rid) { return charge(m, rid, runs, 1h); };
   const auto rid = id("cached");
   EXPECT_FALSE(run(cached, rid).replayed);
   EXPECT_TRUE(run(cached, rid).replayed);  // read from the database, and remembered
   EXPECT_EQ(runs, 1);
-  std::this_thread::sleep_for(5ms);  // SQLite's clock counts milliseconds: be past "expires"
-  ASSERT_GE(plain.purge_expired(1000), 1U);
-  ASSERT_FALSE(store_->inspect(rid));
+  delete_by_hand(rid);
 
   const auto from_memory = run(cached, rid);
   EXPECT_TRUE(from_memory.replayed);
@@ -2674,14 +2711,55 @@ TEST_P(Conformance, ReplayCacheAnswersFromMemoryUntilAPurgeHere) {
   }
   EXPECT_EQ(runs, 1);
 
-  // Without the cache the purge is seen at once; with it, after a purge here.
+  // Without the cache the deletion is seen at once; with it, after a purge
+  // here (of any row).
   EXPECT_FALSE(run(plain, rid).replayed);
   EXPECT_EQ(runs, 2);
   EXPECT_EQ(run(cached, rid).body, "charged 1") << "memory answers until a purge here";
-  std::this_thread::sleep_for(5ms);
+  int other_runs = 0;
+  charge_expiring(plain, id("purged"), other_runs);
+  std::this_thread::sleep_for(5ms);  // SQLite's clock counts milliseconds: be past "expires"
   ASSERT_GE(cached.purge_expired(1000), 1U);
-  EXPECT_FALSE(run(cached, rid).replayed) << "a purge here did not empty the memory";
-  EXPECT_EQ(runs, 3);
+  const auto after = run(cached, rid);
+  EXPECT_TRUE(after.replayed);
+  EXPECT_EQ(after.body, "charged 2") << "a purge here did not empty the memory";
+  EXPECT_EQ(runs, 2);
+}
+
+// Found in review: an entry outlived its row. The cache kept a record for its
+// ttl (60 s) whatever the record's own expiry; another process purged the
+// row at that expiry, the key ran there as new with another payload (a
+// charge), and this process answered its client's retry 422
+// fingerprint_mismatch, final, for a request that had charged (or, with the
+// first payload, the old record). An entry now ends at its record's expiry.
+TEST_P(Conformance, ReplayCacheNeverAnswersForARecordPastItsExpiry) {
+  config cfg;
+  cfg.replay_cache_bytes = 1 << 20;
+  manager cached(*store_, cfg);
+  manager plain(*store_);
+  int runs = 0;
+  const auto first = id("reused");
+  EXPECT_FALSE(charge(cached, first, runs, 1s).replayed);
+  EXPECT_TRUE(charge(cached, first, runs, 1s).replayed);  // read back: remembered
+  std::this_thread::sleep_for(1100ms);                    // past the record's expiry
+  ASSERT_GE(plain.purge_expired(1000), 1U);
+  ASSERT_FALSE(store_->inspect(first));
+
+  // The key is new again: another operation under it runs elsewhere...
+  const auto second = id("reused", "amount=999");
+  EXPECT_FALSE(charge(plain, second, runs, 1h).replayed);
+  EXPECT_EQ(runs, 2);
+  // ...and its client's retry here is answered with its own record.
+  const auto retried = charge(cached, second, runs, 1h);
+  EXPECT_TRUE(retried.replayed);
+  EXPECT_EQ(retried.body, "charged 2");
+  try {
+    charge(cached, first, runs, 1h);
+    ADD_FAILURE() << "the old payload was answered: " << first.fingerprint;
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::fingerprint_mismatch);
+  }
+  EXPECT_EQ(runs, 2);
 }
 
 // Found in review: a record read just before a purge by this manager was put
@@ -2712,8 +2790,8 @@ TEST_P(Conformance, ReplayCacheDoesNotKeepARecordReadBeforeAPurge) {
 }
 
 // Found in review: a purge that failed part way (a shard down) left memory
-// as it was, although rows may have gone. Here the row was purged by another
-// manager, and this manager's own purge fails at its COMMIT.
+// as it was, although rows may have gone. Here the remembered row is gone
+// (deleted by hand), and this manager's own purge fails at its COMMIT.
 TEST_P(Conformance, ReplayCacheIsEmptiedByAPurgeThatFails) {
   config cfg;
   cfg.replay_cache_bytes = 1 << 20;
@@ -2721,11 +2799,13 @@ TEST_P(Conformance, ReplayCacheIsEmptiedByAPurgeThatFails) {
   manager m(fs, cfg);
   manager plain(*store_);
   int runs = 0;
-  auto run = [&] { return charge_expiring(m, id("failed-purge"), runs); };
+  auto run = [&] { return charge(m, id("failed-purge"), runs, 1h); };
   run();
   EXPECT_TRUE(run().replayed);  // read back: remembered
-  std::this_thread::sleep_for(5ms);
-  ASSERT_GE(plain.purge_expired(1000), 1U);
+  delete_by_hand(id("failed-purge"));
+  int other_runs = 0;
+  charge_expiring(plain, id("to-purge"), other_runs);  // something for the purge to do
+  std::this_thread::sleep_for(5ms);  // SQLite's clock counts milliseconds: be past "expires"
   fs.before_commit = [](int, transaction&) {
     throw storage_error::transient("injected: the shard went away");
   };
@@ -2749,11 +2829,9 @@ TEST_P(Conformance, TheCompleterIsNeverAnsweredFromTheReplayCache) {
   rig.register_on(cached, handler);
   rig.register_on(plain, handler);
   const auto rid = id("k1");
-  const process_options expire_at_once{.retention = 0ms};
-  EXPECT_FALSE(cached.process(handler, rid, pay_pre, expire_at_once).replayed);
-  EXPECT_TRUE(cached.process(handler, rid, pay_pre, expire_at_once).replayed);  // remembered
-  std::this_thread::sleep_for(5ms);  // SQLite's clock counts milliseconds: be past "expires"
-  ASSERT_GE(plain.purge_expired(1000), 1U);
+  EXPECT_FALSE(cached.process(handler, rid, pay_pre).replayed);
+  EXPECT_TRUE(cached.process(handler, rid, pay_pre).replayed);  // remembered
+  delete_by_hand(rid);                             // gone, as after a purge: memory cannot see it
   rig.fail = [](const attempt&) { return true; };  // the key sent again fails, retryable
   EXPECT_THROW(plain.process(handler, rid, pay_pre), error);
   rig.fail = [](const attempt&) { return false; };

@@ -118,7 +118,7 @@ TEST(RecordRow, AStateThisVersionDoesNotKnowIsUnreadable) {
     sql_row row = stored_row("[]");
     row.values[0] = state;
     EXPECT_THROW((void)detail::record_from_row(row, false), storage_error) << state;
-    const sql_row fast{{std::to_string(state) + " 1 0 201 1 " + fingerprint_of("body") + " ",
+    const sql_row fast{{std::to_string(state) + " 1 0 201 1 2 " + fingerprint_of("body") + " ",
                         std::string("[]"), std::string("body")}};
     EXPECT_THROW((void)detail::record_from_fast_row(fast), storage_error) << state;
   }
@@ -126,7 +126,7 @@ TEST(RecordRow, AStateThisVersionDoesNotKnowIsUnreadable) {
     sql_row row = stored_row("[]");
     row.values[0] = state;
     EXPECT_EQ(static_cast<std::int64_t>(detail::record_from_row(row, false).state), state);
-    const sql_row fast{{std::to_string(state) + " 1 0 201 1 " + fingerprint_of("body") + " ",
+    const sql_row fast{{std::to_string(state) + " 1 0 201 1 2 " + fingerprint_of("body") + " ",
                         std::string("[]"), std::string("body")}};
     EXPECT_EQ(static_cast<std::int64_t>(detail::record_from_fast_row(fast).state), state);
   }

@@ -30,8 +30,8 @@ inline constexpr std::string_view record_columns_rest =
 record record_from_row(const sql_row& row, bool full);
 
 /// Builds a record from a row of the replay fast path (record_sql::read_fast):
-/// the packed text "state attempts lease_expires status now fingerprint
-/// owner", the headers and the body. Throws storage_error::permanent when
+/// the packed text "state attempts lease_expires status now expires
+/// fingerprint owner", the headers and the body. Throws storage_error::permanent when
 /// the row is not what the record layer writes.
 record record_from_fast_row(const sql_row& row);
 
