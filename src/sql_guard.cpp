@@ -119,6 +119,11 @@ constexpr std::string_view refused_first_words[] = {
                // failed every later write); read with SELECT ... FROM pragma_xxx()
 };
 
+// First words of MariaDB's compound statements besides BEGIN, which it runs
+// outside a stored program too.
+constexpr std::string_view compound_first_words[] = {"IF",    "CASE",   "LOOP",
+                                                     "WHILE", "REPEAT", "FOR"};
+
 /// The assignments of a SET (after the word SET), split at the commas that
 /// are not inside parentheses.
 void check_set_targets(std::string_view n, std::size_t i, scope where, std::string_view head) {
@@ -154,6 +159,22 @@ void check(std::string_view n, scope where, bool backslash, std::string_view raw
   std::size_t after_second = after_first;
   const bool to_savepoint = second == "TO" || ((second == "WORK" || second == "TRANSACTION") &&
                                                next_word(n, after_second) == "TO");
+  // MariaDB runs a compound statement outside a stored program (IF, CASE,
+  // LOOP, WHILE, REPEAT, FOR, or one of them or BEGIN after a label), and
+  // it may COMMIT inside, as a procedure may: refused to handlers as CALL
+  // is (found in review: "IF 1 THEN INSERT ...; COMMIT; END IF" committed
+  // Post-RPC's row apart from the record, and a retry wrote it again).
+  std::size_t colon = i;  // just after the first word
+  while (colon < n.size() && is_space(n[colon])) ++colon;
+  const bool labelled = !first.empty() && colon < n.size() && n[colon] == ':' &&
+                        (colon + 1 == n.size() || n[colon + 1] != '=');
+  if (where == scope::handler &&
+      (labelled || std::find(std::begin(compound_first_words), std::end(compound_first_words),
+                             first) != std::end(compound_first_words))) {
+    refuse(where, head,
+           ", nor run a compound statement (IF, CASE, LOOP, WHILE, REPEAT, FOR, or a label), "
+           "which may COMMIT inside");
+  }
   if (where == scope::own_transaction) {
     if (first == "BEGIN" || first == "COMMIT" || first == "END" || first == "START" ||
         first == "XA" || first == "LOCK" || first == "UNLOCK" || first == "USE" ||

@@ -1184,5 +1184,36 @@ TEST_F(MysqlStore, AProcedureThatCommitsCannotCommitPostRpcApartFromTheRecord) {
       << "Post-RPC's row committed apart from the record: " << what;
 }
 
+// Found in review: MariaDB runs a compound statement (IF, CASE, LOOP, ...)
+// outside a stored program, and one that commits inside committed Post-RPC's
+// row apart from the record, as CALL did. Refused as CALL is.
+TEST_F(MysqlStore, ACompoundStatementThatCommitsCannotCommitPostRpcApartFromTheRecord) {
+  manager m(*store_);
+  const auto rid = id("if-commit");
+  const std::string row = scope_ + "/if-commit";
+  std::string what;
+  try {
+    m.process(
+        rid, [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+        [&](tx& t, const attempt&, const outcome<int>&) {
+          t.execute(
+              "IF ? <> '' THEN INSERT INTO mysql_test_rows (k, note) VALUES (?, 'if'); COMMIT; "
+              "END IF",
+              row, row);
+          t.execute(
+              "UPDATE orpheus_records SET lease_owner = REPEAT('0', 32) WHERE scope = ? "
+              "AND idem_key = ?",
+              rid.scope, rid.key);
+          return response{200, {}, "ok"};
+        });
+    ADD_FAILURE() << "recorded";
+  } catch (const error& e) {
+    what = std::string(e.code()) + " " + e.what();
+  }
+  EXPECT_NE(what.find("compound statement"), std::string::npos) << what;
+  EXPECT_FALSE(handler_row_exists(row))
+      << "Post-RPC's row committed apart from the record: " << what;
+}
+
 }  // namespace
 }  // namespace orpheus

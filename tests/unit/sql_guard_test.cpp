@@ -47,6 +47,19 @@ TEST(SqlGuard, RefusesWhatEndsEscapesOrOutlivesTheTransaction) {
            "XA START 'x'",
            "LOCK TABLES t WRITE",
            "UNLOCK TABLES",
+           // Compound statements, which MariaDB runs outside a stored
+           // program and which may COMMIT inside (found in review).
+           "IF 1 THEN INSERT INTO t VALUES (1); COMMIT; END IF",
+           "if ? then commit; end if",
+           "CASE WHEN 1 THEN COMMIT; END CASE",
+           "LOOP COMMIT; LEAVE; END LOOP",
+           "WHILE 1 DO COMMIT; END WHILE",
+           "REPEAT COMMIT; UNTIL 1 END REPEAT",
+           "FOR i IN 1..2 DO COMMIT; END FOR",
+           "x: BEGIN COMMIT; END",
+           "lbl : LOOP COMMIT; LEAVE lbl; END LOOP",
+           "/* c */ IF 1 THEN COMMIT; END IF",
+           "SET STATEMENT max_statement_time=1 FOR IF 1 THEN COMMIT; END IF",
            // Executable comments run as SQL on MySQL and MariaDB.
            "/*!COMMIT*/",
            "SELECT 1 /*!; COMMIT */",
@@ -141,6 +154,7 @@ TEST(SqlGuard, LetsTheApplicationsOwnStatementsThrough) {
            "REPLACE INTO t VALUES (1)",
            "WITH x AS (SELECT 1) SELECT * FROM x",
            "SELECT * FROM t FOR UPDATE",
+           "SELECT IF(a, 1, 2), CASE WHEN b THEN 1 END FROM t",
            "CHECKSUM TABLE t",
            "LOAD DATA INFILE 'x' INTO TABLE t",
            // The handler's own savepoints.
