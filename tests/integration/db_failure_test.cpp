@@ -308,6 +308,41 @@ TEST_F(DbFailure, TooManyConnectionsIsRetryable) {
   t->commit();
 }
 
+// Found in review: a login refused until an operator acts (an account
+// locked, a password expired: 4151, 1862, 1820) was classified permanent,
+// and a request that never started was told not to retry. Each is
+// retryable, writes nothing, and the key goes through once it is put right.
+TEST_F(DbFailure, ALoginRefusedUntilAnOperatorActsIsRetryableAndWritesNothing) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"ACCOUNT LOCK", "ACCOUNT UNLOCK"},
+      {"PASSWORD EXPIRE", "PASSWORD EXPIRE NEVER"},
+  };
+  int n = 0;
+  for (const auto& [refuse, allow] : cases) {
+    const std::string user = "op" + std::to_string(n++);
+    const std::string who = "'" + user + "'@'127.0.0.1'";
+    auto admin = [&](const std::string& what) {
+      auto t = store_->backend().begin(0);  // the application's own refuses these
+      t->execute(what);
+      t->commit();
+    };
+    admin("CREATE USER IF NOT EXISTS " + who + " IDENTIFIED BY 'p'");
+    admin("GRANT SELECT, INSERT, UPDATE, DELETE ON d.* TO " + who);
+    admin("ALTER USER " + who + " " + refuse);
+    auto refused = make(user);
+    manager m(*refused);
+    bank b;
+    const auto rid = id("login-" + user);
+    expect_retryable([&] { pay(m, rid, b); }, "mysql");
+    EXPECT_FALSE(store_->read(rid)) << refuse;
+    EXPECT_TRUE(b.charges().empty()) << refuse;
+    admin("ALTER USER " + who + " " + allow);
+    if (allow == "PASSWORD EXPIRE NEVER") admin("SET PASSWORD FOR " + who + " = PASSWORD('p')");
+    EXPECT_EQ(pay(m, rid, b).status, 201) << allow;
+    EXPECT_EQ(b.charges().size(), 1U) << allow;
+  }
+}
+
 /// The test server stopped (SIGSTOP) until destroyed: a server that stops
 /// answering but keeps its TCP connections open, as a frozen VM or a cut
 /// cable does. Waits until every thread of it is stopped: kill() only asks

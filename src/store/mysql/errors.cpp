@@ -80,6 +80,14 @@ bool transient_server_code(int code) noexcept {
     case 1049:  // unknown database (a shard not yet created, a typo fixed)
     case 1142:  // a command denied on a table (a revoked grant)
     case 1143:  // a command denied on a column
+    // Refused at login or at the session's set-up, until an operator acts
+    // (found in review: classified permanent, a request that never started
+    // was told not to retry).
+    case 1129:  // host blocked after max_connect_errors (FLUSH HOSTS)
+    case 1130:  // host not allowed to connect (a grant)
+    case 4151:  // account locked (ALTER USER ... ACCOUNT UNLOCK)
+    case 1862:  // password expired, refused at login
+    case 1820:  // password expired, sandbox mode: SET PASSWORD first
       return true;
     default:
       return false;
