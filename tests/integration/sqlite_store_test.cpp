@@ -526,6 +526,44 @@ TEST(SqliteStore, AFailureWhileEndingAMemberUndoesItAndTheNextWriteGoesThrough) 
   });
 }
 
+// Found in review: an exception while ending a batch (an allocation in its
+// bookkeeping) left leave() before it passed the turn on, and every later
+// write of the process waited for it until a restart. The turn is passed on;
+// the member is told its outcome is unknown (in doubt), never "kept"; the
+// next member and job go through.
+TEST(SqliteStore, AFailureWhileEndingABatchPassesTheTurnOnAndIsInDoubt) {
+  sqlite_detail::single_writer w(
+      sqlite_options{.path = fresh_path(), .busy_timeout = std::chrono::seconds(30)});
+  w.exclusively([](sqlite_detail::connection& c) { c.exec("CREATE TABLE r (id INTEGER)"); });
+  std::atomic<int> fail_next{0};
+  w.on_finish_batch_for_tests([&] {
+    if (fail_next.exchange(0) != 0) throw std::bad_alloc();
+  });
+  within(std::chrono::seconds(120), [&] {
+    fail_next = 1;
+    const auto t = w.enter();
+    w.conn().exec("INSERT INTO r (id) VALUES (1)");
+    try {
+      w.leave(t, /*keep=*/true);
+      ADD_FAILURE() << "told its row was kept";
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.in_doubt()) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a storage_error: " << e.what();
+    }
+    const auto next = w.enter();  // waited busy_timeout, then failed, before the fix
+    w.conn().exec("INSERT INTO r (id) VALUES (2)");
+    w.leave(next, /*keep=*/true);
+    w.run([](sqlite_detail::connection& c) { c.exec("INSERT INTO r (id) VALUES (3)"); });
+    std::int64_t n = -1;
+    w.exclusively([&](sqlite_detail::connection& c) {
+      n = c.run("SELECT COUNT(*) FROM r WHERE id IN (2, 3)", {}).at(0).get<std::int64_t>(0);
+    });
+    EXPECT_EQ(n, 2);
+    return 0;
+  });
+}
+
 // Found in review of the test above: when undoing a member failed too (no
 // statement could run), the batch went on, and its COMMIT kept the writes
 // of a member told "nothing kept". Such a batch is doomed: rolled back, and

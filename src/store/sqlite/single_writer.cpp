@@ -136,14 +136,27 @@ void single_writer::take_turn(std::unique_lock<std::mutex>& lock,
 
 // Gives the connection to the next in line (woken by wake_and_unlock), or
 // frees it.
-void single_writer::pass_turn(std::unique_lock<std::mutex>&) {
+void single_writer::pass_turn(std::unique_lock<std::mutex>& lock) noexcept {
   turn_holder_ = {};
   if (line_.empty()) {
     taken_ = false;
     return;
   }
-  to_wake_.push_back(std::move(line_.front()));
+  std::shared_ptr<parker> next = std::move(line_.front());
   line_.pop_front();
+  defer_wake(lock, std::move(next));
+}
+
+// Found in review: to_wake_ is emptied of its capacity at every hand-off, so
+// each push allocates; one that threw (out of memory) in pass_turn left the
+// turn taken for good, and every later write waited for it. A parker that
+// cannot be queued is woken now, under the lock: slower, never lost.
+void single_writer::defer_wake(std::unique_lock<std::mutex>&, std::shared_ptr<parker> p) noexcept {
+  try {
+    to_wake_.push_back(p);
+  } catch (...) {
+    p->wake();
+  }
 }
 
 void single_writer::wake_and_unlock(std::unique_lock<std::mutex>& lock) {
@@ -244,7 +257,7 @@ void single_writer::run(const std::function<void(connection&)>& body) {
     gate->sleep_until(std::max(until, clock::now() + busy_timeout_));
     lock.lock();
   }
-  const bool done = finished_ >= j->batch;
+  const bool done = finished_ >= j->batch && !(j->gate && j->gate->unknown);
   // The gate of the round it ran in: finish_batch() wrote the outcome there.
   std::optional<storage_error> batch_failure;
   if (done && j->batch != 0) batch_failure = j->gate->failure;
@@ -292,7 +305,7 @@ void single_writer::writer_loop() {
           j->own = e;
         }
         jobs_.clear();
-        if (jobs_gate_) to_wake_.push_back(std::move(jobs_gate_));
+        if (jobs_gate_) defer_wake(lock, std::move(jobs_gate_));
         jobs_gate_.reset();
         pass_turn(lock);
         wake_and_unlock(lock);
@@ -329,7 +342,7 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
       const auto cut = jobs_.begin() + static_cast<std::ptrdiff_t>(room);
       round.assign(jobs_.begin(), cut);
       jobs_.erase(jobs_.begin(), cut);
-      to_wake_.push_back(std::move(jobs_gate_));
+      defer_wake(lock, std::move(jobs_gate_));
       job_gates_.push_back(std::make_shared<parker>());
       for (auto& j : round) j->gate = job_gates_.back();
       jobs_gate_ = std::make_shared<parker>();
@@ -430,14 +443,30 @@ void single_writer::leave(const member_ticket& member, bool keep) {
   ++stats_.transactions;
   if (!kept) ++stats_.rollbacks;
   const bool mine = batch_open_ && batch_ == batch;
-  if (mine && !outer_alive) {
-    // SQLite rolled the outer transaction back on its own: every member that
-    // committed into it lost its work, and nothing of it was committed
-    // (unless a foreign COMMIT ended it: batch_lost()).
-    finish_batch(lock, batch, batch_lost());
-  } else if (mine) {
-    if (kept) ++kept_;
-    if (!(has_waiter(lock) && batch_may_grow(lock))) commit_batch(lock);
+  try {
+    if (mine && !outer_alive) {
+      // SQLite rolled the outer transaction back on its own: every member
+      // that committed into it lost its work, and nothing of it was
+      // committed (unless a foreign COMMIT ended it: batch_lost()).
+      finish_batch(lock, batch, batch_lost());
+    } else if (mine) {
+      if (kept) ++kept_;
+      if (!(has_waiter(lock) && batch_may_grow(lock))) commit_batch(lock);
+    }
+  } catch (...) {
+    // Ending the batch failed part way (an allocation): the turn is passed
+    // on all the same (found in review: every later write waited for it),
+    // and the batch's members, this one too, are told its outcome is
+    // unknown.
+    if (!lock.owns_lock()) lock.lock();
+    if (batch_open_ && batch_ == batch) abandon_batch(lock);
+    pass_turn(lock);
+    wake_and_unlock(lock);
+    if (!keep) return;
+    throw storage_error::transient(
+        "sqlite: ending the batch holding this commit failed (out of memory?); whether it "
+        "committed is unknown",
+        /*in_doubt=*/true);
   }
   pass_turn(lock);
 
@@ -453,7 +482,7 @@ void single_writer::leave(const member_ticket& member, bool keep) {
     if (batch_waited_) batch_waited_();
     lock.lock();
   }
-  const bool done = finished_ >= batch;
+  const bool done = finished_ >= batch && !member.gate->unknown;
   std::optional<storage_error> batch_failure;
   if (done) batch_failure = member.gate->failure;
   wake_and_unlock(lock);
@@ -609,23 +638,38 @@ void single_writer::commit_batch(std::unique_lock<std::mutex>& lock) {
   finish_batch(lock, batch, failure);
 }
 
-void single_writer::finish_batch(std::unique_lock<std::mutex>&, std::uint64_t batch,
+void single_writer::finish_batch(std::unique_lock<std::mutex>& lock, std::uint64_t batch,
                                  const std::optional<storage_error>& failure) {
+  if (finish_batch_hook_) finish_batch_hook_();
+  // Its outcome goes on every gate its members hold, and lives as long as
+  // the last of them: the thread members' gate and each round's of jobs.
+  // Copying it may throw (an allocation): before the batch is marked
+  // finished, so that a member never reads "finished, no failure" of a
+  // batch whose failure was not written; it times out in doubt instead.
+  if (batch_gate_) batch_gate_->failure = failure;
+  for (auto& g : job_gates_) g->failure = failure;
   batch_open_ = false;
   finished_ = batch;
   if (failure) ++stats_.failed_batches;
-  // Its outcome goes on every gate its members hold, and lives as long as
-  // the last of them: the thread members' gate and each round's of jobs.
+  if (batch_gate_) defer_wake(lock, std::move(batch_gate_));
+  batch_gate_.reset();
+  for (auto& g : job_gates_) defer_wake(lock, std::move(g));
+  job_gates_.clear();
+}
+
+void single_writer::abandon_batch(std::unique_lock<std::mutex>& lock) noexcept {
   if (batch_gate_) {
-    batch_gate_->failure = failure;
-    to_wake_.push_back(std::move(batch_gate_));
+    batch_gate_->unknown = true;
+    defer_wake(lock, std::move(batch_gate_));
   }
   batch_gate_.reset();
   for (auto& g : job_gates_) {
-    g->failure = failure;
-    to_wake_.push_back(std::move(g));
+    g->unknown = true;
+    defer_wake(lock, std::move(g));
   }
   job_gates_.clear();
+  batch_open_ = false;
+  finished_ = batch_;
 }
 
 void single_writer::exclusively(const std::function<void(connection&)>& f) {

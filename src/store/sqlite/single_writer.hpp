@@ -76,6 +76,10 @@ class single_writer {
     // it was kept in a map of the last 4,096 failures, and a member woken
     // after more than that would have read "committed").
     std::optional<storage_error> failure;
+    // A batch's gate only: ending the batch failed part way (an
+    // allocation), so its outcome is unknown: its members are in doubt.
+    // Set under m_ by abandon_batch() before the wake, read under m_.
+    bool unknown = false;
     /// False when `until` passed first.
     bool sleep_until(clock::time_point until);
     void wake();
@@ -140,6 +144,12 @@ class single_writer {
   /// as when SQLite cannot prepare one (out of memory). Set before any
   /// member enters.
   void on_rollback_for_tests(std::function<bool()> fails) { rollback_fails_ = std::move(fails); }
+  /// Tests only: called as a batch is ended, under the writer's lock; what
+  /// it throws stands for a failure there (an allocation). Set before any
+  /// member enters.
+  void on_finish_batch_for_tests(std::function<void()> hook) {
+    finish_batch_hook_ = std::move(hook);
+  }
 
   /// From exclusively()'s function, before it turns the connection's
   /// foreign keys off: until it calls foreign_keys_on(), every batch (and
@@ -186,7 +196,10 @@ class single_writer {
 
   /// `waiting_as`, when given, is set to what this thread waits on in line.
   void take_turn(std::unique_lock<std::mutex>& lock, std::shared_ptr<parker>* waiting_as = nullptr);
-  void pass_turn(std::unique_lock<std::mutex>& lock);
+  void pass_turn(std::unique_lock<std::mutex>& lock) noexcept;
+  /// Queues `p` for wake_and_unlock(), or, when that cannot allocate, wakes
+  /// it now. Under m_.
+  void defer_wake(std::unique_lock<std::mutex>& lock, std::shared_ptr<parker> p) noexcept;
   [[nodiscard]] bool has_waiter(std::unique_lock<std::mutex>& lock) const;
   void commit_batch(std::unique_lock<std::mutex>& lock);
   /// Why the members of the open batch lost it when SQLite's transaction
@@ -198,6 +211,10 @@ class single_writer {
   static int on_commit(void* self);
   void finish_batch(std::unique_lock<std::mutex>& lock, std::uint64_t batch,
                     const std::optional<storage_error>& failure);
+  /// Ends the open batch whose ending failed part way: its members are told
+  /// its outcome is unknown, and the next member opens a new batch (after
+  /// rolling back a transaction left open: end_leftover_transaction()).
+  void abandon_batch(std::unique_lock<std::mutex>& lock) noexcept;
   /// Unlocks, then wakes everyone pass_turn() and finish_batch() chose.
   void wake_and_unlock(std::unique_lock<std::mutex>& lock);
 
@@ -232,10 +249,11 @@ class single_writer {
   bool foreign_commit_ = false;  // another COMMIT ran since the batch opened
   bool doomed_ = false;          // a member could not be undone: never COMMIT
   sqlite_writer_stats stats_;
-  std::function<void()> batch_waited_;     // on_batch_waited_for_tests()
-  std::function<void()> end_member_hook_;  // on_end_member_for_tests()
-  std::function<bool()> undo_fails_;       // on_undo_for_tests()
-  std::function<bool()> rollback_fails_;   // on_rollback_for_tests()
+  std::function<void()> batch_waited_;       // on_batch_waited_for_tests()
+  std::function<void()> end_member_hook_;    // on_end_member_for_tests()
+  std::function<bool()> undo_fails_;         // on_undo_for_tests()
+  std::function<bool()> rollback_fails_;     // on_rollback_for_tests()
+  std::function<void()> finish_batch_hook_;  // on_finish_batch_for_tests()
   // Set and read only by the thread whose turn it is (exclusively()'s, then
   // the batch's): the turn orders them.
   bool foreign_keys_off_ = false;
