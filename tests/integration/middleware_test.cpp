@@ -1354,6 +1354,36 @@ TEST(Server, AtMaxConnectionsANewcomerTakesTheIdlestPlaceNeverABusyOne) {
   EXPECT_NE(second.read_until("ok"), "") << "the more recently used connection stays";
 }
 
+// Found in review: connections that had sent nothing were not idle to
+// make_room, so clients that opened max_connections and sent nothing (again
+// each time header_timeout closed them) kept every newcomer waiting. A new
+// connection is idle until its first byte: the oldest such is closed.
+TEST(Server, AtMaxConnectionsANewcomerTakesThePlaceOfAConnectionThatSentNothing) {
+  server_options o;
+  o.max_connections = 2;
+  o.header_timeout = std::chrono::minutes(5);  // never what frees a place here
+  server s(o, [](http_request&& req, responder respond) {
+    respond(make_response(200, "ok " + std::string(req.target())));
+  });
+  s.start();
+  raw_connection silent1(s.port());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  raw_connection silent2(s.port());
+  for (int i = 0; i < 500 && s.connections() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(s.connections(), 2U);
+  http_request req{http::verb::get, "/newcomer", 11};
+  req.keep_alive(false);
+  // Before the fix the newcomer waited for header_timeout (5 minutes).
+  EXPECT_EQ(send({"127.0.0.1", s.port()}, std::move(req), std::chrono::seconds(60)).body(),
+            "ok /newcomer");
+  EXPECT_TRUE(silent1.closed_by_server()) << "the connection silent longest goes first";
+  // The other one still carries a request.
+  ASSERT_TRUE(silent2.write(healthz));
+  EXPECT_NE(silent2.read_until("ok"), "");
+}
+
 // Found in review (while testing the above): with every connection's request
 // in a handler and no accept pending, the io_context ran out of work and
 // the io thread ended. Nothing was written again: after stop_accepting()

@@ -164,8 +164,8 @@ class session : public std::enable_shared_from_this<session> {
     stream_.close();
   }
 
-  // Since when this keep-alive connection has waited for its next request
-  // (steady clock ticks), or -1 while it has a request (or none yet).
+  // Since when this connection has waited for its next request, or, new,
+  // for its first byte (steady clock ticks); -1 while it has a request.
   [[nodiscard]] std::int64_t idle_since() const noexcept { return idle_since_.load(); }
 
   // At max_connections: close this connection if it is still idle, from its
@@ -184,30 +184,40 @@ class session : public std::enable_shared_from_this<session> {
   // Three clocks, so that each kind of slow client is cut off by its own
   // limit: idle_timeout until a keep-alive connection's next request starts,
   // header_timeout for its header block, read_timeout for its body.
+  // A new connection that has sent nothing has no request in flight either:
+  // at max_connections make_room may close it as an idle one (found in
+  // review: only kept-alive connections were, so clients that opened
+  // connections and sent nothing held every place until header_timeout,
+  // and a newcomer waited behind them). Its header_timeout counts from the
+  // connection, first byte included.
   void read() {
     const auto& o = owner_->options;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(o.header_limit));
     parser_->body_limit(o.body_limit);
-    if (!served_one_ || buffer_.size() > 0) return read_header();
-    stream_.expires_after(o.idle_timeout);
-    idle_since_ = std::chrono::steady_clock::now().time_since_epoch().count();
-    stream_.async_read_some(buffer_.prepare(1024), [self = shared_from_this()](
+    const auto now = std::chrono::steady_clock::now();
+    if (buffer_.size() > 0) return read_header(now + o.header_timeout);
+    const auto header_by =
+        served_one_ ? std::chrono::steady_clock::time_point::max() : now + o.header_timeout;
+    stream_.expires_after(served_one_ ? o.idle_timeout : o.header_timeout);
+    idle_since_ = now.time_since_epoch().count();
+    stream_.async_read_some(buffer_.prepare(1024), [self = shared_from_this(), header_by](
                                                        boost::beast::error_code ec, std::size_t n) {
       self->idle_since_ = -1;
       if (ec) return self->on_read(ec);
-      // Closed (close_if_idle) after these bytes arrived but before this
-      // ran: the request is dropped unread, as if it came after the close
-      // (found in review: it was parsed from the buffer and run, and its
-      // answer had no socket to go to).
+      // Closed (close_if_idle) after these bytes arrived but before
+      // this ran: the request is dropped unread, as if it came after the
+      // close (found in review: it was parsed from the buffer and run,
+      // and its answer had no socket to go to).
       if (self->closing_) return;
       self->buffer_.commit(n);
-      self->read_header();
+      self->read_header(std::min(
+          header_by, std::chrono::steady_clock::now() + self->owner_->options.header_timeout));
     });
   }
 
-  void read_header() {
-    stream_.expires_after(owner_->options.header_timeout);
+  void read_header(std::chrono::steady_clock::time_point by) {
+    stream_.expires_at(by);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
                               if (ec || self->parser_->is_done()) return self->on_read(ec);

@@ -28,7 +28,8 @@
 // loop): with no file descriptor left the server waits `accept_backoff` and
 // tries again. With `max_connections` open it accepts no more until one
 // closes (the kernel's listen backlog holds the rest); while a newcomer waits
-// there, the keep-alive connection idle longest is closed to make room (an
+// there, the connection idle longest (a kept-alive one waiting for its next
+// request, or a new one that has sent nothing yet) is closed to make room (an
 // idle connection may be closed at any time, RFC 9112 section 9.6; one with a
 // request in flight never is), looking again every `accept_backoff` while
 // none is idle. The io threads run from start() to stop(), whether or not
