@@ -36,6 +36,7 @@ constexpr std::array registry{
     code_info{codes::deadline_exceeded, unavailable, "core"},
     code_info{codes::no_randomness, unavailable, "core"},
     code_info{codes::overloaded, unavailable, "beast"},
+    code_info{codes::server_stopping, unavailable, "beast"},
     code_info{codes::downstream_throttled, unavailable, "beast"},
     code_info{codes::downstream_failed, in_doubt, "beast"},
     code_info{codes::downstream_in_progress, in_doubt, "beast"},

@@ -32,6 +32,7 @@ void work_pool::drain() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    draining_ = true;
   }
   wake_timer_.notify_all();
   wake_.notify_all();

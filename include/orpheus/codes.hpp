@@ -65,6 +65,7 @@ inline constexpr std::string_view deadline_exceeded = "deadline_exceeded";
 inline constexpr std::string_view no_randomness = "no_randomness";
 // The Beast middleware.
 inline constexpr std::string_view overloaded = "overloaded";
+inline constexpr std::string_view server_stopping = "server_stopping";
 inline constexpr std::string_view downstream_throttled = "downstream_throttled";
 inline constexpr std::string_view downstream_failed = "downstream_failed";
 inline constexpr std::string_view downstream_in_progress = "downstream_in_progress";

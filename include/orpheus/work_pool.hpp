@@ -24,6 +24,7 @@
 // pool is destroyed first.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -60,6 +61,11 @@ class work_pool {
   /// the threads. Idempotent.
   void drain();
 
+  /// True once drain() has begun: a job may then refuse to start new work
+  /// (the middleware answers a request still queued 503 server_stopping
+  /// rather than calling downstream while the process stops).
+  [[nodiscard]] bool draining() const noexcept { return draining_.load(); }
+
   /// Jobs queued and not yet started (delayed ones not counted).
   [[nodiscard]] std::size_t queued() const;
 
@@ -78,8 +84,9 @@ class work_pool {
   std::multimap<std::chrono::steady_clock::time_point, delayed> delayed_;
   std::size_t max_queue_;
   bool stopping_ = false;
-  bool timer_done_ = false;  // the timer thread has handed over its last job
-  std::mutex join_mutex_;    // one drain() joins, a concurrent one waits
+  std::atomic<bool> draining_{false};  // stopping_, readable without the lock
+  bool timer_done_ = false;            // the timer thread has handed over its last job
+  std::mutex join_mutex_;              // one drain() joins, a concurrent one waits
   std::vector<std::thread> threads_;
   std::thread timer_;
 };

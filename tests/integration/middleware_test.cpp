@@ -933,6 +933,53 @@ TEST_F(Middleware, AFullQueueAnswers503RetryableAtOnce) {
   EXPECT_EQ(observed, std::vector<unsigned>{503U});
 }
 
+// Found in review: a graceful stop (work_pool::drain()) ran every request
+// still queued, each a new downstream call: with a bank that stopped
+// answering, the stop took queue / workers x rpc_timeout. A request still
+// queued when the drain begins is answered 503 server_stopping, retryable,
+// and nothing of it runs; the one already running finishes.
+TEST_F(Middleware, ARequestStillQueuedWhenTheStopBeginsIsAnsweredNotStarted) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  middleware_options o;
+  o.scope = [](const http_request&) { return std::optional<std::string>("c1"); };
+  middleware mw(*m_, pool, std::move(o));
+  std::latch release(1);
+  std::latch started(1);
+  bool running_finished = false;
+  ASSERT_TRUE(pool.try_submit([&] {
+    started.count_down();
+    release.wait();  // a request running on the only worker
+    running_finished = true;
+  }));
+  started.wait();
+  std::promise<http_response> answer;
+  int rpc = 0;
+  mw.handle(
+      post("k-queued", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
+      [](tx&, const http_request& r) { return std::string(r.body()); },
+      [&rpc](const attempt&, const std::string& body) {
+        ++rpc;
+        return body;
+      },
+      [](tx&, const attempt&, const outcome<std::string>& out) {
+        return response{201, {}, out.value()};
+      });
+  std::thread stopper([&] { pool.drain(); });
+  while (!pool.draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  release.count_down();
+  const auto r = answer.get_future().get();
+  stopper.join();
+  EXPECT_TRUE(running_finished);
+  EXPECT_EQ(r.result_int(), 503U) << r.body();
+  const auto problem = nlohmann::json::parse(r.body());
+  EXPECT_EQ(problem["code"], "server_stopping");
+  EXPECT_EQ(problem["retryable"], true);
+  EXPECT_EQ(r["Idempotency-Key"], "k-queued");
+  EXPECT_EQ(rpc, 0) << "a queued request called downstream during the stop";
+  EXPECT_FALSE(store_->read({"c1", "k-queued", std::string(64, '0')}));
+}
+
 // Found in review: the media type was compared case-sensitively, so a final
 // problem sent as "Application/Problem+JSON" was taken as retryable.
 TEST(SaysFinal, ReadsTheMediaTypeInAnyCase) {

@@ -302,14 +302,24 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
     return reactor;
   }
   const request_id id = std::move(*identified);
-  const bool queued = pool_.try_submit([ctx, reactor, reply, id, run = std::move(run)] {
-    try {
-      answer(ctx, reactor, reply, id, run(id, process_options{}));
-    } catch (...) {  // the pool swallows what a job throws: finish the call anyway
-      const error_info e = classify(std::current_exception(), unclassified_policy::non_retryable);
-      reactor->Finish(status_of(e));
-    }
-  });
+  const bool queued =
+      pool_.try_submit([&pool = pool_, ctx, reactor, reply, id, run = std::move(run)] {
+        try {
+          // Queued when the pool began to drain (a graceful stop): nothing of it
+          // has run, and a stop does not wait for new downstream calls (as over
+          // HTTP: beast::middleware).
+          if (pool.draining()) {
+            return reactor->Finish(status_of(error_info::of(
+                error_class::unavailable, codes::server_stopping,
+                "the server is stopping and did not start this request; retry with the same key")));
+          }
+          answer(ctx, reactor, reply, id, run(id, process_options{}));
+        } catch (...) {  // the pool swallows what a job throws: finish the call anyway
+          const error_info e =
+              classify(std::current_exception(), unclassified_policy::non_retryable);
+          reactor->Finish(status_of(e));
+        }
+      });
   if (!queued) {
     reactor->Finish(status_of(error_info::of(error_class::unavailable, codes::overloaded,
                                              "the server is busy; retry with the same key")));
