@@ -64,8 +64,10 @@ std::optional<claimed> claim_one(store& s, std::size_t shard, const std::string&
 
 completer::completer(manager& m, completer_options o) : manager_(m), options_(o) {
   if (options_.batch == 0) throw config_error("completer_options::batch is 0");
-  if (options_.idle_wait.count() <= 0) {
-    throw config_error("completer_options::idle_wait must be positive");
+  // Found in review: a huge wait wrapped the condition variable's deadline
+  // into the past, and the completer claimed on every shard without a pause.
+  if (options_.idle_wait.count() <= 0 || options_.idle_wait > std::chrono::hours{24}) {
+    throw config_error("completer_options::idle_wait must be positive and at most 24 hours");
   }
 }
 

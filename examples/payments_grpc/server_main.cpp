@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <iostream>
+#include <optional>
 
 #include "../common/flags.hpp"
 #include "../common/stop_signals.hpp"
@@ -69,9 +70,14 @@ int main(int argc, char** argv) {
   const long purge_batch = f.num("purge-batch", 1000, 1, 1L << 20);
   f.done();
   if (bank_url.empty() || api_keys_path.empty()) f.fail("--bank and --api-keys are required");
-  try {  // before the store opens: a refused setting changes nothing
+  // Before the store opens: a refused setting changes nothing (found in
+  // review: a bad --bank was refused after the store was created and
+  // migrated, exit 1).
+  std::optional<orpheus::beast::http_endpoint> bank_endpoint;
+  try {
     orpheus::validate(cfg);
-  } catch (const orpheus::config_error& e) {
+    bank_endpoint = orpheus::beast::parse_http_url(bank_url);
+  } catch (const std::exception& e) {
     f.fail(e.what());
   }
 
@@ -89,8 +95,8 @@ int main(int argc, char** argv) {
     const examples::payments_server::late_shards preparing(*store, std::move(late),
                                                            std::chrono::seconds(1));
     // The bank simulator deduplicates charges by key (its default).
-    examples::payments_server::bank_gateway bank(orpheus::beast::parse_http_url(bank_url),
-                                                 static_cast<std::size_t>(workers), true);
+    examples::payments_server::bank_gateway bank(*bank_endpoint, static_cast<std::size_t>(workers),
+                                                 true);
     orpheus::work_pool pool(static_cast<std::size_t>(workers), static_cast<std::size_t>(queue));
     orpheus::grpc::idempotent_unary idem(manager, pool,
                                          {.scope = orpheus::grpc::bearer_scope(std::move(keys))});

@@ -145,8 +145,11 @@ int main(int argc, char** argv) {
   const long workers = f.num("workers", is_sqlite(store_specs) ? 32 : 8, 1, 4096);
   const long queue = f.num("queue", 256, 1, 1L << 20);
   const long max_connections = f.num("max-connections", 1024, 1, 1L << 20);
-  const long idle_timeout = f.millis("idle-timeout-ms", 60000, 1);
-  const long header_timeout = f.millis("header-timeout-ms", 10000, 1);
+  // At most a year, as orpheus::beast::server takes (refused here, before
+  // the store is opened).
+  constexpr long year_ms = 365L * 24 * 3600 * 1000;
+  const long idle_timeout = f.num("idle-timeout-ms", 60000, 1, year_ms);
+  const long header_timeout = f.num("header-timeout-ms", 10000, 1, year_ms);
   cfg.retry_window = std::chrono::milliseconds(f.millis("retry-window-ms", 24L * 3600 * 1000, 1));
   cfg.retention = std::chrono::milliseconds(f.millis("retention-ms", 7L * 24 * 3600 * 1000, 1));
   const long purge_interval = f.millis("purge-interval-ms", 60000, 1);
@@ -176,10 +179,12 @@ int main(int argc, char** argv) {
   // manager after the file was created, migrated and given a shard map).
   orpheus::process_options wait_options;
   wait_options.wait_for = wait;
+  std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc
   try {
     orpheus::validate(cfg);
     orpheus::validate(wait_options);
-  } catch (const orpheus::config_error& e) {
+    if (bank_url != "inproc") bank_endpoint = orpheus::beast::parse_http_url(bank_url);
+  } catch (const std::exception& e) {
     f.fail(e.what());
   }
   // The alert for a payment out of attempts (issue 11): one line on stderr,
@@ -197,8 +202,6 @@ int main(int argc, char** argv) {
     std::optional<orpheus::api_keys> keys;
     if (!api_keys_path.empty()) keys = orpheus::api_keys::load(api_keys_path);
     const callers who(std::move(keys), trust_client_id_header);
-    std::optional<orpheus::beast::http_endpoint> bank_endpoint;  // none with --bank inproc
-    if (bank_url != "inproc") bank_endpoint = orpheus::beast::parse_http_url(bank_url);
     // Before any thread starts, the store's too: a thread that took SIGTERM
     // would kill the process without the drain (found in review: the store
     // was opened first).

@@ -59,7 +59,8 @@ struct completer_pass {
 
 class completer {
  public:
-  /// Throws config_error when o.batch is 0 or o.idle_wait is not positive.
+  /// Throws config_error when o.batch is 0 or o.idle_wait is not 1 ms to
+  /// 24 hours.
   explicit completer(manager& m, completer_options o = {});
   completer(const completer&) = delete;
   completer& operator=(const completer&) = delete;

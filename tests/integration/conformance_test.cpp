@@ -1794,6 +1794,19 @@ TEST_P(Conformance, AClientsRetryKeepsTheLongerRetentionTheRequestWasMadeWith) {
   EXPECT_GT(r->expires_us - r->db_now_us, std::int64_t{29} * 24 * 3600 * 1'000'000);
 }
 
+// Found in review: only a non-positive idle_wait was refused; a huge one
+// wrapped the condition variable's deadline into the past, and the
+// completer claimed on every shard without a pause.
+TEST_P(Conformance, ACompleterWithNonsenseOptionsIsRefused) {
+  manager m(*store_);
+  EXPECT_THROW(completer(m, {.batch = 0}), config_error);
+  for (const auto bad : {0ms, -1ms, std::chrono::milliseconds::max(),
+                         std::chrono::milliseconds(std::chrono::hours(25))}) {
+    EXPECT_THROW(completer(m, {.idle_wait = bad}), config_error) << bad.count();
+  }
+  EXPECT_NO_THROW(completer(m, {.idle_wait = std::chrono::hours(24)}));
+}
+
 // Found in review: stop() waited for the whole pass (up to batch x
 // rpc_timeout per shard); it now ends the pass after the running request.
 TEST_P(Conformance, StoppingACompleterClaimsNothingMore) {

@@ -233,6 +233,33 @@ TEST_P(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
 // Found in review: a recorded final 409 (a payment an operator cancelled)
 // or 429 was replayed as ABORTED or RESOURCE_EXHAUSTED, which clients read
 // as "retry"; and a RetryInfo delay was read unchecked.
+// Found in review: payments_grpc_server refused a bad --bank only after it
+// had created and migrated its store (exit 1); payments_server checks its
+// flags first. Both exit 2 and write nothing.
+TEST(PaymentsGrpcServer, BadFlagsExitTwoAndWriteNothing) {
+  const auto dir = std::filesystem::temp_directory_path() / ("grpc-flags-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream keys(dir / "api-keys");
+    keys << kKey << " alice\n";
+  }
+  const std::string db = "sqlite:" + (dir / "x.db").string();
+  const std::vector<std::vector<std::string>> refused = {
+      {"--bank", "localhost:9000"},
+      {"--bank", "http://h:1/x"},
+      {"--bank", "http://127.0.0.1:9", "--lease-ms", "5000"},
+  };
+  for (const auto& extra : refused) {
+    std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_grpc_server", "--store",
+                                  db, "--api-keys", (dir / "api-keys").string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    test::child_process server(argv);
+    EXPECT_EQ(server.wait(), 2) << extra[0] << " " << extra[1];
+    EXPECT_FALSE(std::filesystem::exists(dir / "x.db")) << extra[1] << " created the store";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
   for (const int status : {409, 429}) {
     const auto s = orpheus::grpc::status_of_recorded(orpheus::response{

@@ -734,6 +734,8 @@ TEST(PaymentsServer, BadFlagsExitTwoAndWriteNothing) {
       {"--store", db, "--retention-ms", "1000"},
       {"--store", db, "--wait-ms", "-1"},
       {"--store", db, "--idle-timeout-ms", "10000000000000"},
+      {"--store", db, "--idle-timeout-ms", "31622400000"},  // 366 days: the server's limit
+      {"--store", db, "--header-timeout-ms", "31622400000"},
       {"--store", db, "--workers", "100000"},
   };
   for (const auto& extra : refused) {

@@ -1592,6 +1592,23 @@ TEST(Server, AChunkLineOrTrailerThatNeverEndsIsRefusedNotBuffered) {
 // (found while testing a large header_limit, which made one reachable). A
 // header_limit that would allow one is refused; at the largest allowed, a
 // field just under it is served and a longer one answered 431.
+// Found in review: none of the server's clocks was checked. Zero cut every
+// connection off before its first byte; a huge one wrapped into the past.
+TEST(Server, ClocksOutOfRangeAreRefused) {
+  const auto ok = [](http_request&&, responder respond) { respond(make_response(200, "ok")); };
+  using field = std::chrono::milliseconds server_options::*;
+  for (const field f : {&server_options::idle_timeout, &server_options::header_timeout,
+                        &server_options::read_timeout, &server_options::accept_backoff}) {
+    for (const auto bad : {std::chrono::milliseconds(0), std::chrono::milliseconds(-1),
+                           std::chrono::milliseconds::max()}) {
+      server_options o;
+      o.*f = bad;
+      EXPECT_THROW(server(o, ok), config_error) << bad.count();
+    }
+  }
+  EXPECT_NO_THROW(server(server_options{}, ok));
+}
+
 TEST(Server, AHeaderLimitBeastCannotHoldIsRefused) {
   const auto ok = [](http_request&&, responder respond) { respond(make_response(200, "ok")); };
   for (const std::size_t limit :

@@ -652,6 +652,10 @@ TEST(MysqlOptions, NonsenseTimeoutsAreRefused) {
     o.read_timeout = 30s;
   }));
   EXPECT_TRUE(refused([](mysql_options& o) { o.ping_after_idle = 0s; }));
+  // Found in review: a pool_wait this long wrapped the clock into the past.
+  EXPECT_TRUE(refused([](mysql_options& o) { o.pool_wait = 0ms; }));
+  EXPECT_TRUE(refused([](mysql_options& o) { o.pool_wait = std::chrono::milliseconds::max(); }));
+  EXPECT_TRUE(refused([](mysql_options& o) { o.pool_wait = std::chrono::hours(24 * 366); }));
 }
 
 /// Polls `f` until it returns true; false after a generous hang guard.

@@ -498,6 +498,17 @@ server::server(server_options options, handler h) : impl_(std::make_shared<impl>
     throw config_error("server: header_limit must be 1 to " + std::to_string(max_header_limit) +
                        " bytes (Beast holds no longer header field)");
   }
+  // Found in review: none of the clocks was checked. Zero cut every
+  // connection off before its first byte (the server answered nothing), and
+  // a huge one wrapped the timer's deadline into the past.
+  for (const auto& [name, value] : {std::pair{"idle_timeout", options.idle_timeout},
+                                    std::pair{"header_timeout", options.header_timeout},
+                                    std::pair{"read_timeout", options.read_timeout},
+                                    std::pair{"accept_backoff", options.accept_backoff}}) {
+    if (value.count() <= 0 || value > std::chrono::hours{24 * 365}) {
+      throw config_error(std::string("server: ") + name + " must be positive and at most a year");
+    }
+  }
   impl_->options = std::move(options);
   impl_->on_request = std::move(h);
   boost::beast::error_code ec;

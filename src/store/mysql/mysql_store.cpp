@@ -293,7 +293,11 @@ void validate(const mysql_options& options) {
       throw config_error("mysql_store: timeouts must be positive and at most a year");
     }
   }
-  if (options.pool_wait.count() <= 0) throw config_error("mysql_store: pool_wait must be positive");
+  // Found in review: 1,000 years wrapped steady_clock's nanoseconds into the
+  // past, and every borrow under contention failed at once.
+  if (options.pool_wait.count() <= 0 || options.pool_wait > year) {
+    throw config_error("mysql_store: pool_wait must be positive and at most a year");
+  }
   if (options.lock_wait_timeout >= options.read_timeout) {
     // The client would give up reading before the server answers a lock
     // wait: a clean, retryable 1205 would become a lost connection.
