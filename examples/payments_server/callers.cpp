@@ -31,10 +31,17 @@ callers::callers(std::optional<orpheus::api_keys> keys, bool trust_client_id_hea
 }
 
 std::optional<std::string> callers::client_of(const orpheus::beast::http_request& req) const {
-  if (keys_) return keys_->client_of(sv(req[http::field::authorization]));
+  // One credential at most (found in review: req[] is the first field alone,
+  // so a second Authorization, or an X-Client-Id a proxy appended after the
+  // client's own, was ignored).
+  if (keys_) {
+    if (req.count(http::field::authorization) != 1) return std::nullopt;
+    return keys_->client_of(sv(req[http::field::authorization]));
+  }
   // --trust-client-id-header (and no keys): a request that sends a bearer
   // token is refused, not believed for its header.
   if (req.find(http::field::authorization) != req.end()) return std::nullopt;
+  if (req.count("X-Client-Id") != 1) return std::nullopt;
   const auto id = sv(req["X-Client-Id"]);
   if (id.empty()) return std::nullopt;
   return std::string(id);

@@ -341,6 +341,12 @@ TEST_P(Http, TrustingTheClientIdHeaderTakesItOnlyWithoutAuthorization) {
   const auto bobs = send(payments_.port, other);
   EXPECT_EQ(bobs.result_int(), 201U);
   EXPECT_TRUE(bobs["Idempotent-Replayed"].empty());
+  // Found in review: a second X-Client-Id (one a proxy appended after the
+  // client's own) was ignored; two are refused.
+  auto twice = other;
+  twice.set("Idempotency-Key", "header-key-2");
+  twice.insert("X-Client-Id", client_);
+  EXPECT_EQ(send(payments_.port, twice).result_int(), 401U);
   req.set(http::field::authorization, "Bearer " + key_of(client_));
   EXPECT_EQ(send(payments_.port, req).result_int(), 401U);
   EXPECT_EQ(ledger()["charges"], 2);

@@ -837,6 +837,17 @@ TEST_F(Middleware, BearerTokensScopeKeysAndAWrongOneTouchesNoRecord) {
         << wrong;
     EXPECT_EQ(nlohmann::json::parse(res.body())["code"], "unauthenticated") << wrong;
   }
+  // Found in review: only the first Authorization field was read, and a
+  // second one ignored. Two credentials are refused, whichever is valid.
+  for (const auto& [first, second] :
+       {std::pair{"Bearer sk_test_alice_0123456789", "Bearer garbage_garbage_0000"},
+        std::pair{"Bearer garbage_garbage_0000", "Bearer sk_test_alice_0123456789"},
+        std::pair{"Bearer sk_test_alice_0123456789", "Bearer sk_test_bob_000000000000"}}) {
+    auto twice = as(first);
+    twice.insert(http::field::authorization, second);
+    const auto res = call(mw, twice, &rpc);
+    EXPECT_EQ(res.result_int(), 401U) << first << " / " << second;
+  }
   EXPECT_EQ(rpc, 0);
   admin ops(*store_, m_->settings());
   for (const auto& shard : ops.stats()) {

@@ -101,6 +101,9 @@ bool framing_header(std::string_view name) {
 scope_function bearer_scope(api_keys keys, std::string prefix) {
   return [keys = std::move(keys),
           prefix = std::move(prefix)](const http_request& req) -> std::optional<std::string> {
+    // One credential: req[] is the first field alone, and a second one was
+    // ignored (found in review), as gRPC refuses two `authorization` entries.
+    if (req.count(http::field::authorization) != 1) return std::nullopt;
     auto client = keys.client_of(sv(req[http::field::authorization]));
     if (!client) return std::nullopt;
     return prefix + *client;
