@@ -1062,6 +1062,12 @@ TEST(SqliteStore, BadOptionsAreRefused) {
                config_error);
   EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_connections = 0}), config_error);
   EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_batch = 0}), config_error);
+  // Found in review: a URI (locking off with nolock=1) or a database of each
+  // connection's own was accepted.
+  for (const char* uri :
+       {"file:x.db?nolock=1", "file:x.db?vfs=unix-none", "file::memory:", ":memory:"}) {
+    EXPECT_THROW(sqlite_store({.path = uri}), config_error) << uri;
+  }
   EXPECT_THROW(sqlite_store({.path = fresh_path(), .max_batch_age = std::chrono::microseconds(-1)}),
                config_error);
 }

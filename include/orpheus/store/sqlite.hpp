@@ -72,7 +72,8 @@ struct sqlite_writer_stats {
 class sqlite_store final : public store {
  public:
   /// Opens (or creates) the file. Throws config_error when the path is empty,
-  /// max_connections or max_batch is 0, or the file cannot use WAL;
+  /// ":memory:" or a URI ("file:..."), max_connections or max_batch is 0, or
+  /// the file cannot use WAL;
   /// storage_error when the file cannot be opened.
   explicit sqlite_store(sqlite_options options);
   sqlite_store(const sqlite_store&) = delete;

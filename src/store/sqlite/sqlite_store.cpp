@@ -326,6 +326,16 @@ class sqlite_backend final : public store_backend {
 
 std::unique_ptr<store_backend> open_sqlite(sqlite_options options) {
   if (options.path.empty()) throw config_error("sqlite_store: path is empty");
+  // Found in review: Debian's SQLite reads "file:" names as URIs, so
+  // "file:x.db?nolock=1" (or vfs=unix-none) was accepted, a database whose
+  // locking is off, which two processes then corrupt. ":memory:" is a
+  // database of each connection's own, not shared by the writer and the
+  // readers. Give a file's path.
+  if (options.path == ":memory:" || options.path.rfind("file:", 0) == 0) {
+    throw config_error("sqlite_store: '" + options.path +
+                       "' is not a plain file path (SQLite would read it as a URI or an "
+                       "in-memory database); give a file's path");
+  }
   if (options.max_connections == 0) throw config_error("sqlite_store: max_connections is 0");
   // Positive: a transaction waits up to busy_timeout for its batch's COMMIT.
   // At most a day: SQLite takes an int of milliseconds (found in review:
