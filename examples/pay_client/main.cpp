@@ -1,4 +1,5 @@
 // One payment, sent the careful way. See --help.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -96,6 +97,15 @@ int main(int argc, char** argv) {
   // Everything checked before the journal is written (found in review: a bad
   // --server left an entry behind, and the corrected run was "resuming").
   if (auto why = orpheus::invalid_key_reason(key); !key.empty() && why) f.fail("--key: " + *why);
+  // The server's own rules (examples/payments_server/payment.cpp): found in
+  // review, a typo was refused by the server with a 400, which settles the
+  // journal's entry, and the corrected run found its --name used up.
+  if (currency.size() != 3 || !std::all_of(currency.begin(), currency.end(), [](char c) {
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+      })) {
+    f.fail("--currency must be a three-letter code, got '" + currency + "'");
+  }
+  if (customer.empty() || customer.size() > 64) f.fail("--customer must be 1 to 64 characters");
   std::optional<orpheus::beast::http_endpoint> endpoint;
   try {
     endpoint = orpheus::beast::parse_http_url(server);

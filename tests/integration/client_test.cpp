@@ -1051,6 +1051,12 @@ TEST(Journal, FlagsThatPayClientRefusesWriteNoEntry) {
       {"--deadline-ms", "0"},
       {"--attempts", "2147483648"},
       {"--server", "127.0.0.1:1"},
+      // Found in review: refused by the server (400, which settles the
+      // entry), so the corrected run found its --name used up.
+      {"--currency", "EURO"},
+      {"--currency", "E1R"},
+      {"--customer", ""},
+      {"--customer", std::string(65, 'c')},
   };
   for (const auto& extra : refused) {
     auto argv = pay_client_argv(s.endpoint().port, dir, "order-13/pay", extra);
