@@ -93,9 +93,14 @@ api_keys api_keys::parse(std::string_view text) {
     if (!is_token68(key)) {
       throw config_error(where + "the key has a character a bearer token cannot carry");
     }
-    if (key.size() < min_key_bytes || key.size() > max_key_bytes) {
+    // The '=' padding counts toward the length, not toward the minimum
+    // (found in review: "a===============" passed a minimum that exists so
+    // that keys cannot be guessed).
+    const std::size_t unpadded =
+        key.find('=') == std::string_view::npos ? key.size() : key.find('=');
+    if (unpadded < min_key_bytes || key.size() > max_key_bytes) {
       throw config_error(where + "the key must be " + std::to_string(min_key_bytes) + " to " +
-                         std::to_string(max_key_bytes) + " characters");
+                         std::to_string(max_key_bytes) + " characters, '=' padding not counted");
     }
     if (!is_client_id(fields[1])) {
       throw config_error(where + "the client must be 1 to " + std::to_string(max_client_bytes) +

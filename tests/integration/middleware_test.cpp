@@ -902,6 +902,32 @@ TEST_F(Middleware, RefusesAChallengeThatIsNotOneLine) {
   }
 }
 
+// Found in review: key_header was only checked non-empty (a CR or LF in it
+// went into every keyed answer), fingerprint header names not at all, and a
+// bearer_scope prefix that breaks the scope rule made every request a final
+// 400 invalid_scope.
+TEST_F(Middleware, RefusesHeaderNamesThatAreNotTokensAndAScopePrefixThatBreaksTheRule) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  const auto scope = [](const http_request&) { return std::optional<std::string>("c"); };
+  for (const std::string bad :
+       {"", "Idempotency-Key\r\nSet-Cookie: x=1", "Idempotency Key", "Key:"}) {
+    middleware_options o;
+    o.scope = scope;
+    o.key_header = bad;
+    EXPECT_THROW(middleware(*m_, pool, std::move(o)), config_error) << bad;
+    middleware_options f;
+    f.scope = scope;
+    f.fingerprint_headers = {"X-Account", bad};
+    EXPECT_THROW(middleware(*m_, pool, std::move(f)), config_error) << bad;
+  }
+  const auto keys = api_keys::parse("sk_test_alice_0123456789 alice\n");
+  EXPECT_THROW((void)bearer_scope(keys, " client:"), config_error);    // a space first
+  EXPECT_THROW((void)bearer_scope(keys, "cli\xe9nt:"), config_error);  // not ASCII
+  EXPECT_THROW((void)bearer_scope(keys, std::string(1000, 'p')), config_error);
+  EXPECT_NO_THROW((void)bearer_scope(keys, "tenant-7/client:"));
+}
+
 // Found in review: a retention in the middleware's options applied to every
 // keyed request, shorter than the retry window if so set, past validate().
 TEST_F(Middleware, RefusesARetentionOfItsOwn) {

@@ -67,6 +67,9 @@ TEST(ApiKeys, RefusesABadTableNamingTheLineNotTheKey) {
            bad_table{a + " shop-1 extra\n", "line 1: want"},
            bad_table{"\n" + a + "\"x shop-1\n", "line 2: the key has a character"},
            bad_table{"short_key shop-1\n", "line 1: the key must be 16 to 512"},
+           // Found in review: the padding counted toward the minimum.
+           bad_table{"a=============== shop-1\n", "'=' padding not counted"},
+           bad_table{"short_key_12345=== shop-1\n", "line 1: the key must be 16 to 512"},
            bad_table{std::string(513, 'k') + " shop-1\n", "line 1: the key must be"},
            bad_table{a + " shop/1\n", "line 1: the client must be"},
            bad_table{a + " " + std::string(129, 'c') + "\n", "line 1: the client must be"},

@@ -99,6 +99,13 @@ bool framing_header(std::string_view name) {
 }  // namespace
 
 scope_function bearer_scope(api_keys keys, std::string prefix) {
+  // Found in review: a prefix that breaks the scope rule made every request
+  // a client's 400 invalid_scope, final; refused once, here. With the
+  // longest client it still keeps the rule.
+  if (auto why = invalid_scope_reason(prefix + std::string(api_keys::max_client_bytes, 'c'))) {
+    throw config_error("bearer_scope: the prefix '" + prefix +
+                       "' makes scopes that break the rule: " + *why);
+  }
   return [keys = std::move(keys),
           prefix = std::move(prefix)](const http_request& req) -> std::optional<std::string> {
     // One credential: req[] is the first field alone, and a second one was
@@ -192,7 +199,20 @@ middleware::middleware(manager& m, work_pool& pool, middleware_options options)
     invalid_token_challenge_ =
         options_.www_authenticate + (has_params ? ", " : " ") + R"(error="invalid_token")";
   }
-  if (options_.key_header.empty()) throw config_error("middleware: key_header is empty");
+  // Header names are tokens (found in review: a CR or LF in key_header was
+  // written into every keyed answer).
+  const auto header_name = [](const std::string& name) {
+    return detail::sendable_field(name, "", detail::max_header_value);
+  };
+  if (!header_name(options_.key_header)) {
+    throw config_error("middleware: key_header '" + options_.key_header +
+                       "' is not a header name (a token)");
+  }
+  for (const auto& h : options_.fingerprint_headers) {
+    if (!header_name(h)) {
+      throw config_error("middleware: fingerprint header '" + h + "' is not a header name");
+    }
+  }
   validate(options_.wait);  // what process() would refuse on every request
   // Found in review: a retention here applied to every keyed request, past
   // validate(config)'s check that records outlive the retry window (a

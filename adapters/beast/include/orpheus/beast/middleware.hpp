@@ -71,7 +71,8 @@ using scope_function = std::function<std::optional<std::string>(const http_reque
 /// What middleware_options::scope is for callers with API keys: `prefix` +
 /// the client whose key the request's `Authorization: Bearer <key>` carries
 /// (api_keys::client_of()), or nullopt (401) for a request without one, with
-/// another scheme, or with a key `keys` does not hold.
+/// another scheme, or with a key `keys` does not hold. Throws config_error
+/// when `prefix` would make scopes that break the scope rule.
 ///
 ///   options.scope = orpheus::beast::bearer_scope(orpheus::api_keys::load(path));
 [[nodiscard]] scope_function bearer_scope(api_keys keys, std::string prefix = "client:");
