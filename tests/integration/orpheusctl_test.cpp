@@ -3,6 +3,9 @@
 // on two MariaDB shards.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
+#include <sqlite3.h>
 #include <nlohmann/json.hpp>
 
 #include "orpheus/manager.hpp"
@@ -310,6 +313,29 @@ TEST(OrpheusctlStore, RefusesAStoreThatIsNotMigratedAndCreatesNoFile) {
   ASSERT_EQ(migrated.code, 0);
   EXPECT_EQ(migrated.parsed()["schema_version"][0], 6);
   EXPECT_EQ(run_ctl("sqlite:" + (dir / "old.db").string(), {"stats"}).code, 0);
+  // Found in review: another application's database (rollback journal) was
+  // switched to WAL for good by a read-only command, before it was refused.
+  const auto other = (dir / "other.db").string();
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(other.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(
+        sqlite3_exec(db, "CREATE TABLE orders (id INTEGER PRIMARY KEY)", nullptr, nullptr, nullptr),
+        SQLITE_OK);
+    sqlite3_close(db);
+  }
+  const auto journal_mode_byte = [&] {  // the file header's read version: 1 rollback, 2 WAL
+    std::ifstream f(other, std::ios::binary);
+    f.seekg(18);
+    return f.get();
+  };
+  ASSERT_EQ(journal_mode_byte(), 1);
+  for (const char* command : {"stats", "purge"}) {
+    const auto refused = run_ctl("sqlite:" + other, {command}, /*with_stderr=*/true);
+    EXPECT_EQ(refused.code, 4) << command;
+    EXPECT_NE(refused.out.find("not an Orpheus database"), std::string::npos) << refused.out;
+    EXPECT_EQ(journal_mode_byte(), 1) << command << " changed the file's journal mode";
+  }
   // A bad key is bad usage (2), even when the database cannot be reached
   // (found in review: it was checked after opening the store).
   EXPECT_EQ(run_ctl("mysql://u:p@127.0.0.1:1/d", {"show", "s", " bad key"}).code, 2);

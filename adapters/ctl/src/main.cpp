@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <sqlite3.h>
 #include <nlohmann/json.hpp>
 
 #include "orpheus/admin.hpp"
@@ -227,12 +228,44 @@ std::vector<std::string> store_parts(const arguments& args) {
   return parts;
 }
 
+// Whether the SQLite file at `path` has Orpheus's schema table, read
+// without writing: opening it as a store would switch it to WAL for good
+// (found in review: `orpheusctl stats` on another application's database
+// changed its journal mode, and only then said it was not Orpheus's).
+bool has_orpheus_schema(const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
+  bool found = false;
+  sqlite3_stmt* st = nullptr;
+  if (rc == SQLITE_OK &&
+      sqlite3_prepare_v2(db,
+                         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
+                         "'orpheus_schema_version'",
+                         -1, &st, nullptr) == SQLITE_OK) {
+    found = sqlite3_step(st) == SQLITE_ROW;
+  }
+  const std::string why = rc == SQLITE_OK && st == nullptr ? sqlite3_errmsg(db) : "";
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  if (rc != SQLITE_OK || !why.empty()) {
+    throw orpheus::storage_error::permanent("sqlite: cannot read " + path + ": " +
+                                            (why.empty() ? sqlite3_errstr(rc) : why));
+  }
+  return found;
+}
+
 std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts, bool may_create) {
   if (parts.size() == 1 && parts[0].rfind("sqlite:", 0) == 0) {
     const std::string path = parts[0].substr(7);
     struct stat st {};
     if (!may_create && ::stat(path.c_str(), &st) != 0) {
       throw usage_failure("no SQLite file at '" + path + "' (only migrate creates one)");
+    }
+    if (!may_create && !has_orpheus_schema(path)) {
+      throw orpheus::storage_error::permanent("'" + path +
+                                              "' is not an Orpheus database (it has no "
+                                              "orpheus_schema_version table): `orpheusctl "
+                                              "migrate` makes it one");
     }
     return std::make_unique<orpheus::sqlite_store>(orpheus::sqlite_options{path});
   }
