@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <latch>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -296,6 +298,11 @@ TEST(PrometheusObserver, RefusesBadOptionsAndCountsAShardMadeLater) {
   EXPECT_THROW(orpheus::prometheus::observer(other, 1, {}), config_error);
   ::prometheus::Registry third;
   EXPECT_THROW(orpheus::prometheus::observer(third, 1, {0.1, 0.1}), config_error);
+  // Found in review: NaN and infinity passed the order checks.
+  for (const double odd : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    ::prometheus::Registry r;
+    EXPECT_THROW(orpheus::prometheus::observer(r, 1, {0.1, odd}), config_error) << odd;
+  }
   ::prometheus::Registry fourth;
   orpheus::prometheus::observer o(fourth, 1);
   o.on_request(3, request_outcome::in_doubt);

@@ -3,9 +3,8 @@
 // on two MariaDB shards.
 #include <gtest/gtest.h>
 
-#include <fstream>
-
 #include <sqlite3.h>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "orpheus/manager.hpp"

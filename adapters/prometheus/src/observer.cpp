@@ -7,6 +7,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "orpheus/error.hpp"
@@ -27,9 +28,14 @@ static_assert(indexes_in_order(all_request_events));
 static_assert(indexes_in_order(all_request_phases));
 
 std::vector<double> checked(std::vector<double> buckets) {
-  if (buckets.empty() || !std::is_sorted(buckets.begin(), buckets.end()) ||
+  // Finite too (found in review: NaN passed both checks, and +Inf is the
+  // bucket every histogram has already).
+  if (buckets.empty() ||
+      !std::all_of(buckets.begin(), buckets.end(), [](double b) { return std::isfinite(b); }) ||
+      !std::is_sorted(buckets.begin(), buckets.end()) ||
       std::adjacent_find(buckets.begin(), buckets.end()) != buckets.end()) {
-    throw config_error("prometheus observer: the phase buckets must be increasing, at least one");
+    throw config_error(
+        "prometheus observer: the phase buckets must be finite and increasing, at least one");
   }
   return buckets;
 }
