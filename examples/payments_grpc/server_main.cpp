@@ -116,10 +116,14 @@ int main(int argc, char** argv) {
     std::cout << "listening on " << selected << std::endl;
     stop.wait();
     std::cerr << "payments_grpc_server: stopping\n";
-    // No new calls; the calls in flight are answered by the pool's jobs,
-    // which use the service, the manager and the store: drain before they go.
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    // The calls in flight are answered by the pool's jobs, which use the
+    // service, the manager and the store. The drain first (found in review:
+    // Shutdown() waits for every call, so with the drain after it every
+    // queued call started, each a new bank call): a running call finishes, a
+    // queued one, or one that comes meanwhile, is answered UNAVAILABLE
+    // server_stopping; then no call is left for Shutdown() to wait for.
     pool.drain();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
     purge.stop();
     return 0;
   } catch (const std::exception& e) {

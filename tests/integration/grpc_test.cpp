@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <latch>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -313,7 +314,9 @@ TEST(GrpcStatus, ATransportFailureThatMayHaveRunIsRetriedWithTheSameKey) {
 // "do not retry", over money taken; and a recorded member of another type
 // ({"retryable":"no"}) threw, and the replay became INTERNAL.
 TEST(GrpcStatus, ARecordedSuccessIsNeverAFinalFailureAndOddMembersAreAbsent) {
-  for (const int status : {201, 202, 204}) {
+  // A 3xx is recorded as succeeded too (an operator's resolve): found in
+  // review, it was FAILED_PRECONDITION, final, over a request that was done.
+  for (const int status : {201, 202, 204, 303}) {
     const auto s = orpheus::grpc::status_of_recorded(
         orpheus::response{status, {}, R"({"id":"pay_43","state":"charged"})"});
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << status;
@@ -378,6 +381,39 @@ TEST(GrpcStatus, GoogleapisOwnStatusReadsTheDetailsAndLinksBesideTheAdapter) {
   theirs.mutable_details(0)->set_value(final_answer.SerializeAsString());
   EXPECT_TRUE(orpheus::grpc::may_retry(
       grpc::Status(grpc::StatusCode::ABORTED, "cancelled", theirs.SerializeAsString())));
+}
+
+// Found in review: the fingerprint read the request's unknown fields (a
+// newer client's) raw, in the order they came, so a retry that filled a map
+// in another order was another request, refused for good. And a reply that
+// serialises but does not parse back (a proto3 string that is not UTF-8)
+// was recorded as a success no server could answer.
+TEST(GrpcFingerprint, FieldsThisServerDoesNotKnowPlayNoPartAndAnUnreadableReplyIsNotRecorded) {
+  payments::v1::CreatePaymentRequest known;
+  known.set_amount(100);
+  known.set_currency("EUR");
+  known.set_customer("cus_1");
+  const std::string base = known.SerializeAsString();
+  // Field 7 (length-delimited), twice: as a map a newer client fills.
+  const std::string a = std::string("\x3a\x03") + "k=a";
+  const std::string b = std::string("\x3a\x03") + "k=b";
+  payments::v1::CreatePaymentRequest ab;
+  payments::v1::CreatePaymentRequest ba;
+  ASSERT_TRUE(ab.ParseFromString(base + a + b));
+  ASSERT_TRUE(ba.ParseFromString(base + b + a));
+  ASSERT_NE(orpheus::grpc::bytes_of(ab), orpheus::grpc::bytes_of(ba))
+      << "protobuf kept the unknown fields in order: the case the fix is for";
+  EXPECT_EQ(orpheus::grpc::fingerprint_bytes_of(ab), orpheus::grpc::fingerprint_bytes_of(ba));
+  EXPECT_EQ(orpheus::grpc::fingerprint_bytes_of(ab), orpheus::grpc::bytes_of(known));
+  payments::v1::CreatePaymentRequest other = known;
+  other.set_amount(101);
+  EXPECT_NE(orpheus::grpc::fingerprint_bytes_of(other), orpheus::grpc::fingerprint_bytes_of(ab));
+
+  payments::v1::Payment reply;
+  reply.set_id("pay_1");
+  EXPECT_NO_THROW((void)orpheus::grpc::recorded_reply_bytes(reply));
+  reply.set_customer("\xff\xfe");  // not UTF-8: serialises, does not parse
+  EXPECT_THROW((void)orpheus::grpc::recorded_reply_bytes(reply), std::logic_error);
 }
 
 // A bank in the test's process: charges once per key.
@@ -450,6 +486,71 @@ TEST(GrpcInProcess, AScopeFunctionThatThrowsFinishesTheCallAndTheServerGoesOn) {
   EXPECT_EQ(bank.charges, 1);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   pool.drain();
+}
+
+// Found in review: a graceful stop shut the gRPC server down before it
+// drained the pool, so every queued call ran, each a new bank call. A call
+// still queued when the drain begins is finished UNAVAILABLE server_stopping,
+// and nothing of it runs.
+TEST(GrpcInProcess, ACallStillQueuedWhenTheStopBeginsIsAnsweredNotStarted) {
+  auto store = orpheus::test::make_store("sqlite");
+  ASSERT_TRUE(store);
+  {
+    auto t = store->begin_on_shard(0);
+    t->execute(
+        "CREATE TABLE payments (id TEXT PRIMARY KEY, client TEXT, amount INTEGER, currency "
+        "TEXT, customer TEXT, state TEXT, charge_id TEXT)");
+    t->commit();
+  }
+  orpheus::manager m(*store);
+  orpheus::work_pool pool(1, 16);
+  orpheus::grpc::idempotent_unary idem(
+      m, pool, {.scope = [](const grpc::CallbackServerContext&) -> std::optional<std::string> {
+        return "client:m1";
+      }});
+  counting_bank bank;
+  examples::payments_grpc::payments_service service(idem, bank);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server);
+  const auto stub = payments::v1::Payments::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  std::latch started(1);
+  std::latch release(1);
+  ASSERT_TRUE(pool.try_submit([&] {
+    started.count_down();
+    release.wait();  // a call running on the only worker
+  }));
+  started.wait();
+  grpc::Status queued_status;
+  std::thread queued([&] {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("idempotency-key", "queued");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    payments::v1::CreatePaymentRequest req;
+    req.set_amount(100);
+    req.set_currency("EUR");
+    req.set_customer("cus_1");
+    payments::v1::Payment reply;
+    queued_status = stub->CreatePayment(&ctx, req, &reply);
+  });
+  while (pool.queued() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread stopper([&] { pool.drain(); });  // as payments_grpc_server does, first
+  while (!pool.draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  release.count_down();
+  queued.join();
+  stopper.join();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  EXPECT_EQ(queued_status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << queued_status.error_message();
+  EXPECT_TRUE(orpheus::grpc::may_retry(queued_status));
+  EXPECT_NE(queued_status.error_message().find("stopping"), std::string::npos)
+      << queued_status.error_message();
+  EXPECT_EQ(bank.charges, 0) << "a queued call charged during the stop";
+  EXPECT_FALSE(store->read({"client:m1", "queued", std::string(64, '0')}));
 }
 
 // A call whose key is held by another in flight is ABORTED, retryable, with

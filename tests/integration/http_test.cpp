@@ -393,6 +393,39 @@ TEST_P(Http, AClientsRetryOnAServerWithAnotherFlowFinishesThePaymentItBegan) {
   EXPECT_EQ(pay("flow-key", 4400)["Idempotent-Replayed"], "true");
 }
 
+// Found in review: a server with --flow steps refused --bank-dedup off, so
+// it finished a payment a --flow single --bank-dedup off server had begun
+// as if the bank deduplicated: its status query found nothing (the first
+// charge still on its way) and it charged again. With --bank-dedup off it
+// waits out the first charge's window, and then finds it.
+TEST_P(Http, AStepsServerFinishesAOneChargePaymentAtABankThatDoesNotDeduplicate) {
+  start_bank({"--dedup", "off", "--latency-ms", "3000"});
+  const std::vector<std::string> no_dedup{"--lease-ms",   "2000", "--rpc-timeout-ms",     "1500",
+                                          "--bank-dedup", "off",  "--in-doubt-window-ms", "8000"};
+  auto single = no_dedup;
+  single.insert(single.end(), {"--flow", "single"});
+  start_payments(single);
+  std::thread client([&] {
+    try {
+      pay("slow-key", 4500);
+    } catch (const beast::transport_error&) {  // the server died under us
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // sent, not yet charged
+  payments_.proc->kill_hard();
+  client.join();
+  EXPECT_EQ(ledger()["charges"], 0) << "the bank charged before its latency";
+
+  auto steps = no_dedup;
+  steps.insert(steps.end(), {"--completer-ms", "100"});  // the default flow: steps
+  start_payments(steps);
+  const auto res = pay_until_answered("slow-key", 4500);
+  EXPECT_EQ(res.result_int(), 201U) << res.body();
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // any second charge would land
+  EXPECT_EQ(ledger()["charges"], 1) << "charged twice";
+  EXPECT_EQ(ledger()["double_charges"], 0);
+}
+
 // Issue 11: a payment abandoned by its client and its server (SIGKILLed
 // between the bank's charge and the record) used to finish only if the
 // client came back. The restarted server's completer finishes it alone,

@@ -2,10 +2,12 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/message.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -84,6 +86,15 @@ StatusCode code_of_recorded(int status, bool retryable) {
   return StatusCode::FAILED_PRECONDITION;
 }
 
+// A call refused or not started because the pool is draining (a graceful
+// stop): nothing of it has run, and a stop waits for no new downstream call
+// (as over HTTP: beast::middleware).
+error_info stopping() {
+  return error_info::of(error_class::unavailable, codes::server_stopping,
+                        "the server is stopping and did not start this request; retry with the "
+                        "same key");
+}
+
 // googleapis' type URLs: the adapter's copies of the messages are in a
 // package of their own (so that a service may link googleapis' beside them),
 // and are packed and read under googleapis' names, as clients expect them.
@@ -148,11 +159,12 @@ scope_function bearer_scope(api_keys keys, std::string prefix) {
 
 ::grpc::Status status_of_recorded(const response& recorded) {
   // A success whose reply is not this method's (an operator's resolve with
-  // 201 and a JSON body, another front end's record): the request was done,
+  // 201 and a JSON body, or a 3xx, which admin records as succeeded, found
+  // in review; another front end's record): the request was done,
   // so never a final failure (found in review: it was FAILED_PRECONDITION,
   // "do not retry", over a payment made, which a client may then make again
   // under a new key).
-  if (recorded.status >= 200 && recorded.status < 300) {
+  if (recorded.status >= 200 && recorded.status < 400) {
     return status_of(error_info::of(error_class::unavailable, codes::reply_unreadable,
                                     "the request was done, but its recorded reply does not read "
                                     "as this method's reply; retry with the same key"));
@@ -246,6 +258,26 @@ std::string bytes_of(const google::protobuf::MessageLite& message) {
   return out;
 }
 
+std::string fingerprint_bytes_of(const google::protobuf::MessageLite& request) {
+  const auto* full = dynamic_cast<const google::protobuf::Message*>(&request);
+  if (full == nullptr) return bytes_of(request);
+  const std::unique_ptr<google::protobuf::Message> known(full->New());
+  known->CopyFrom(*full);
+  known->DiscardUnknownFields();
+  return bytes_of(*known);
+}
+
+std::string recorded_reply_bytes(const google::protobuf::MessageLite& reply) {
+  std::string bytes = bytes_of(reply);
+  const std::unique_ptr<google::protobuf::MessageLite> back(reply.New());
+  if (!back->ParseFromString(bytes)) {
+    throw std::logic_error("orpheus::grpc: the reply (" + reply.GetTypeName() +
+                           ") does not read back as its own type (a string field that is not "
+                           "UTF-8?); not recorded");
+  }
+  return bytes;
+}
+
 idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options options)
     : manager_(m), pool_(pool), options_(std::move(options)) {
   if (!options_.scope) throw config_error("orpheus::grpc: a scope function is required");
@@ -271,7 +303,7 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
   // went into gRPC's handler).
   std::optional<request_id> identified;
   try {
-    const std::string body = bytes_of(request);
+    const std::string body = fingerprint_bytes_of(request);
     const request_text text{"POST", method, "application/x-protobuf", body, {}};
     // Two entries are two keys, whatever they hold (found in review: '"ab'
     // and 'cd"', joined, read as the one quoted key 'ab, cd').
@@ -308,21 +340,23 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
           // Queued when the pool began to drain (a graceful stop): nothing of it
           // has run, and a stop does not wait for new downstream calls (as over
           // HTTP: beast::middleware).
-          if (pool.draining()) {
-            return reactor->Finish(status_of(error_info::of(
-                error_class::unavailable, codes::server_stopping,
-                "the server is stopping and did not start this request; retry with the same key")));
-          }
+          if (pool.draining()) return reactor->Finish(status_of(stopping()));
           answer(ctx, reactor, reply, id, run(id, process_options{}));
         } catch (...) {  // the pool swallows what a job throws: finish the call anyway
-          const error_info e =
-              classify(std::current_exception(), unclassified_policy::non_retryable);
+          // The request may have run (an allocation failed after it): a
+          // retry with the same key replays or takes over, never a final
+          // answer (found in review: non-retryable, so a client could pay
+          // again under a new key; the HTTP middleware already retried).
+          const error_info e = classify(std::current_exception(), unclassified_policy::retryable);
           reactor->Finish(status_of(e));
         }
       });
   if (!queued) {
-    reactor->Finish(status_of(error_info::of(error_class::unavailable, codes::overloaded,
-                                             "the server is busy; retry with the same key")));
+    reactor->Finish(status_of(pool_.draining()
+                                  ? stopping()
+                                  : error_info::of(error_class::unavailable, codes::overloaded,
+                                                   "the server is busy; retry with "
+                                                   "the same key")));
   }
   return reactor;
 }

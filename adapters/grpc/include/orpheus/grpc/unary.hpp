@@ -93,13 +93,28 @@ struct unary_options {
 /// The gRPC status for a failure the library recorded in its HTTP form
 /// (problem+json: status, code, detail, retryable), as replayed. For a
 /// recorded success (2xx) whose body is not this method's reply (an
-/// operator's resolve, another front end's record): UNAVAILABLE
+/// operator's resolve, another front end's record), and for a recorded 3xx
+/// (succeeded, with no reply): UNAVAILABLE
 /// reply_unreadable, retryable with the same key, never a final failure.
 [[nodiscard]] ::grpc::Status status_of_recorded(const response& recorded);
 
 /// `message` serialised deterministically (map fields in key order): what
-/// is fingerprinted and what is recorded.
+/// is recorded.
 [[nodiscard]] std::string bytes_of(const google::protobuf::MessageLite& message);
+
+/// What a request's fingerprint reads: bytes_of() the request without the
+/// fields this server's .proto does not know (a full message; a lite one
+/// as it is). Protobuf keeps unknown fields raw, in the order they came, so
+/// a newer client's retry of one request (a map it fills in another order)
+/// would read as another request, refused for good (found in review); this
+/// server cannot act on such fields either way.
+[[nodiscard]] std::string fingerprint_bytes_of(const google::protobuf::MessageLite& request);
+
+/// bytes_of(reply), checked to read back as its own type: a reply that
+/// serialises but does not parse (a proto3 string that is not UTF-8) throws
+/// std::logic_error, a handler's mistake, so that it is never recorded as a
+/// success no server can then answer (found in review).
+[[nodiscard]] std::string recorded_reply_bytes(const google::protobuf::MessageLite& reply);
 
 /// For clients: whether a failed call may be sent again with the same key.
 /// An Orpheus server says so in the status's google.rpc.ErrorInfo (domain
@@ -199,7 +214,8 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
           return orpheus::detail::call_pre(pre, t, *request, id);
         };
         const auto recorded = [](const Reply& r) {
-          return response{200, {{"content-type", "application/x-protobuf"}}, bytes_of(r)};
+          return response{
+              200, {{"content-type", "application/x-protobuf"}}, recorded_reply_bytes(r)};
         };
         if constexpr (post_on_outcome) {
           return manager_.try_process(
