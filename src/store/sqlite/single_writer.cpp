@@ -144,14 +144,15 @@ void single_writer::pass_turn(std::unique_lock<std::mutex>& lock) noexcept {
   }
   std::shared_ptr<parker> next = std::move(line_.front());
   line_.pop_front();
-  defer_wake(lock, std::move(next));
+  defer_wake(lock, next);
 }
 
 // Found in review: to_wake_ is emptied of its capacity at every hand-off, so
 // each push allocates; one that threw (out of memory) in pass_turn left the
 // turn taken for good, and every later write waited for it. A parker that
 // cannot be queued is woken now, under the lock: slower, never lost.
-void single_writer::defer_wake(std::unique_lock<std::mutex>&, std::shared_ptr<parker> p) noexcept {
+void single_writer::defer_wake(std::unique_lock<std::mutex>&,
+                               const std::shared_ptr<parker>& p) noexcept {
   try {
     to_wake_.push_back(p);
   } catch (...) {
@@ -305,7 +306,7 @@ void single_writer::writer_loop() {
           j->own = e;
         }
         jobs_.clear();
-        if (jobs_gate_) defer_wake(lock, std::move(jobs_gate_));
+        if (jobs_gate_) defer_wake(lock, jobs_gate_);
         jobs_gate_.reset();
         pass_turn(lock);
         wake_and_unlock(lock);
@@ -342,7 +343,7 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
       const auto cut = jobs_.begin() + static_cast<std::ptrdiff_t>(room);
       round.assign(jobs_.begin(), cut);
       jobs_.erase(jobs_.begin(), cut);
-      defer_wake(lock, std::move(jobs_gate_));
+      defer_wake(lock, jobs_gate_);
       job_gates_.push_back(std::make_shared<parker>());
       for (auto& j : round) j->gate = job_gates_.back();
       jobs_gate_ = std::make_shared<parker>();
@@ -651,21 +652,21 @@ void single_writer::finish_batch(std::unique_lock<std::mutex>& lock, std::uint64
   batch_open_ = false;
   finished_ = batch;
   if (failure) ++stats_.failed_batches;
-  if (batch_gate_) defer_wake(lock, std::move(batch_gate_));
+  if (batch_gate_) defer_wake(lock, batch_gate_);
   batch_gate_.reset();
-  for (auto& g : job_gates_) defer_wake(lock, std::move(g));
+  for (auto& g : job_gates_) defer_wake(lock, g);
   job_gates_.clear();
 }
 
 void single_writer::abandon_batch(std::unique_lock<std::mutex>& lock) noexcept {
   if (batch_gate_) {
     batch_gate_->unknown = true;
-    defer_wake(lock, std::move(batch_gate_));
+    defer_wake(lock, batch_gate_);
   }
   batch_gate_.reset();
   for (auto& g : job_gates_) {
     g->unknown = true;
-    defer_wake(lock, std::move(g));
+    defer_wake(lock, g);
   }
   job_gates_.clear();
   batch_open_ = false;

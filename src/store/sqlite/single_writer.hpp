@@ -199,7 +199,7 @@ class single_writer {
   void pass_turn(std::unique_lock<std::mutex>& lock) noexcept;
   /// Queues `p` for wake_and_unlock(), or, when that cannot allocate, wakes
   /// it now. Under m_.
-  void defer_wake(std::unique_lock<std::mutex>& lock, std::shared_ptr<parker> p) noexcept;
+  void defer_wake(std::unique_lock<std::mutex>& lock, const std::shared_ptr<parker>& p) noexcept;
   [[nodiscard]] bool has_waiter(std::unique_lock<std::mutex>& lock) const;
   void commit_batch(std::unique_lock<std::mutex>& lock);
   /// Why the members of the open batch lost it when SQLite's transaction
