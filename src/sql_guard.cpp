@@ -164,10 +164,17 @@ void check(std::string_view n, scope where, bool backslash, std::string_view raw
   // it may COMMIT inside, as a procedure may: refused to handlers as CALL
   // is (found in review: "IF 1 THEN INSERT ...; COMMIT; END IF" committed
   // Post-RPC's row apart from the record, and a retry wrote it again).
+  // A label is the first word and a colon before a block that takes one
+  // ("SELECT :amount", a SQLite parameter, is not: found in review).
   std::size_t colon = i;  // just after the first word
   while (colon < n.size() && is_space(n[colon])) ++colon;
-  const bool labelled = !first.empty() && colon < n.size() && n[colon] == ':' &&
-                        (colon + 1 == n.size() || n[colon + 1] != '=');
+  bool labelled = false;
+  if (!first.empty() && colon < n.size() && n[colon] == ':') {
+    std::size_t after_colon = colon + 1;
+    const std::string_view block = next_word(n, after_colon);
+    labelled = block == "BEGIN" || block == "LOOP" || block == "WHILE" || block == "REPEAT" ||
+               block == "FOR";
+  }
   if (where == scope::handler &&
       (labelled || std::find(std::begin(compound_first_words), std::end(compound_first_words),
                              first) != std::end(compound_first_words))) {

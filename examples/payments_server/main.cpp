@@ -157,7 +157,9 @@ int main(int argc, char** argv) {
   const long purge_interval = f.millis("purge-interval-ms", 60000, 1);
   const long purge_batch = f.num("purge-batch", 1000, 1, 1L << 20);
   const long replay_cache_mb = f.num("replay-cache-mb", 16, 0, 1024L * 1024);
-  const long completer_ms = f.millis("completer-ms", 1000);
+  // At most 24 hours, as orpheus::completer takes (refused here, before the
+  // store is opened; found in review).
+  const long completer_ms = f.num("completer-ms", 1000, 0, 24L * 3600 * 1000);
   cfg.replay_cache_ttl = std::chrono::milliseconds(f.millis(
       "replay-cache-ttl-ms", std::min<long>(60000, static_cast<long>(cfg.retention.count())), 1));
   f.done();

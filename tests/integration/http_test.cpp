@@ -775,6 +775,7 @@ TEST(PaymentsServer, BadFlagsExitTwoAndWriteNothing) {
       {"--store", db, "--idle-timeout-ms", "10000000000000"},
       {"--store", db, "--idle-timeout-ms", "31622400000"},  // 366 days: the server's limit
       {"--store", db, "--header-timeout-ms", "31622400000"},
+      {"--store", db, "--completer-ms", "90000000"},  // 25 hours: the completer's limit
       {"--store", db, "--workers", "100000"},
   };
   for (const auto& extra : refused) {

@@ -155,6 +155,11 @@ TEST(SqlGuard, LetsTheApplicationsOwnStatementsThrough) {
            "WITH x AS (SELECT 1) SELECT * FROM x",
            "SELECT * FROM t FOR UPDATE",
            "SELECT IF(a, 1, 2), CASE WHEN b THEN 1 END FROM t",
+           // SQLite's named parameters after the first word are no label
+           // (found in review of the compound-statement rule).
+           "SELECT :amount <= balance FROM accounts WHERE id = :id",
+           "SELECT :x",
+           "UPDATE t SET a = 1 WHERE id = :id",
            "CHECKSUM TABLE t",
            "LOAD DATA INFILE 'x' INTO TABLE t",
            // The handler's own savepoints.

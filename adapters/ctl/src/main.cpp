@@ -235,6 +235,9 @@ std::vector<std::string> store_parts(const arguments& args) {
 bool has_orpheus_schema(const std::string& path) {
   sqlite3* db = nullptr;
   const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
+  // As the store would: a server's checkpoint or recovery holds the file
+  // for a moment (found in review: without it, a busy file failed at once).
+  if (rc == SQLITE_OK) sqlite3_busy_timeout(db, 5000);
   bool found = false;
   sqlite3_stmt* st = nullptr;
   if (rc == SQLITE_OK &&

@@ -2,7 +2,6 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/message.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -258,15 +257,6 @@ std::string bytes_of(const google::protobuf::MessageLite& message) {
   return out;
 }
 
-std::string fingerprint_bytes_of(const google::protobuf::MessageLite& request) {
-  const auto* full = dynamic_cast<const google::protobuf::Message*>(&request);
-  if (full == nullptr) return bytes_of(request);
-  const std::unique_ptr<google::protobuf::Message> known(full->New());
-  known->CopyFrom(*full);
-  known->DiscardUnknownFields();
-  return bytes_of(*known);
-}
-
 std::string recorded_reply_bytes(const google::protobuf::MessageLite& reply) {
   std::string bytes = bytes_of(reply);
   const std::unique_ptr<google::protobuf::MessageLite> back(reply.New());
@@ -303,7 +293,7 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
   // went into gRPC's handler).
   std::optional<request_id> identified;
   try {
-    const std::string body = fingerprint_bytes_of(request);
+    const std::string body = bytes_of(request);
     const request_text text{"POST", method, "application/x-protobuf", body, {}};
     // Two entries are two keys, whatever they hold (found in review: '"ab'
     // and 'cd"', joined, read as the one quoted key 'ab, cd').

@@ -99,16 +99,13 @@ struct unary_options {
 [[nodiscard]] ::grpc::Status status_of_recorded(const response& recorded);
 
 /// `message` serialised deterministically (map fields in key order): what
-/// is recorded.
+/// is fingerprinted and what is recorded. Fields this server's .proto does
+/// not know are kept, raw, in the order they came, after the known ones:
+/// so a server that knows a newly added field (numbered last) and one that
+/// does not yet fingerprint a request alike during a rolling deploy, but a
+/// retry that sends an unknown map's entries in another order is another
+/// request (docs/grpc.md).
 [[nodiscard]] std::string bytes_of(const google::protobuf::MessageLite& message);
-
-/// What a request's fingerprint reads: bytes_of() the request without the
-/// fields this server's .proto does not know (a full message; a lite one
-/// as it is). Protobuf keeps unknown fields raw, in the order they came, so
-/// a newer client's retry of one request (a map it fills in another order)
-/// would read as another request, refused for good (found in review); this
-/// server cannot act on such fields either way.
-[[nodiscard]] std::string fingerprint_bytes_of(const google::protobuf::MessageLite& request);
 
 /// bytes_of(reply), checked to read back as its own type: a reply that
 /// serialises but does not parse (a proto3 string that is not UTF-8) throws
