@@ -277,7 +277,23 @@ void store::migrate_shard(std::size_t shard, bool adopt_map) {
     // transactional (MySQL), a failed run resumes at the file that failed.
     for (const auto& m : migrations) {
       if (m.version <= current) continue;
-      for (const auto& statement : detail::split_statements(m.sql)) t.execute(statement);
+      for (const auto& statement : detail::split_statements(m.sql)) {
+        // Found in review: on MySQL a run that stopped after a statement's
+        // DDL but before the file's version row (a kill, or a lost
+        // connection while the server finished an index build) could never
+        // be run again (a duplicate column, an index already dropped), and
+        // the shard stayed refused until someone repaired it by hand.
+        try {
+          t.execute(statement);
+        } catch (const storage_error& e) {
+          if (!backend_->already_applied(e)) throw;
+          log(log_level::warning, "migration " + std::to_string(m.version) + " on shard " +
+                                      std::to_string(shard) +
+                                      ": a statement found its work done (an earlier run "
+                                      "stopped part way), going on: " +
+                                      e.what());
+        }
+      }
       t.execute(sql_->add_version, m.version, m.name);
     }
     if (!recorded) {

@@ -56,7 +56,9 @@ API
                         and for the two-step API below: "authorisations",
                         "captured", "voided", "open_authorisations" (neither
                         captured nor voided), "notified", "double_notified",
-                        "captured_not_notified"}
+                        "captured_not_notified", "charge_requests": POST
+                        /charges requests received, counted on arrival,
+                        before --latency-ms}
 
 Card payments in two steps (each POST takes Idempotency-Key: K, and the
 same K again answers the first outcome, whatever --dedup says). Faults:
@@ -208,6 +210,9 @@ class bank {
     return make_response(200, made_.dump(), "application/json");
   }
 
+  // A POST /charges has arrived (tests: a charge on its way, not yet made).
+  void charge_arrived() { ++charge_requests_; }
+
   http_response ledger() {
     std::lock_guard lock(m_);
     int doubles = 0;
@@ -225,6 +230,7 @@ class bank {
     int double_notified = 0;
     for (const auto& [ref, n] : notified_) double_notified += n > 1 ? 1 : 0;
     const nlohmann::json j{{"charges", charges_},
+                           {"charge_requests", charge_requests_.load()},
                            {"keys", by_key_.size()},
                            {"references", charged_refs_.size()},
                            {"double_charges", doubles},
@@ -275,6 +281,7 @@ class bank {
   std::mutex m_;
   double fail_, drop_, decline_, capture_decline_;
   bool dedup_;
+  std::atomic<int> charge_requests_{0};
   std::mt19937_64 rng_;
   std::unordered_map<std::string, outcome> by_key_;
   std::unordered_map<std::string, int> charged_refs_;
@@ -344,6 +351,7 @@ int main(int argc, char** argv) try {
         return respond(b.notify(req, ledger_down()));
       }
       if (req.method() == http::verb::post && target == "/charges") {
+        b.charge_arrived();
         std::this_thread::sleep_for(latency);
         auto answer = b.charge(req);
         if (answer.result_int() == 201) std::this_thread::sleep_for(hold);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "orpheus/beast/client.hpp"
@@ -41,8 +42,9 @@ class bank_gateway final : public orpheus::payment::gateway {
   // The card payment in steps (the bank simulator's two-step API and its
   // ledger; create_payment.cpp). Each returns the id the bank answered
   // (authorisation, charge; "voided", "notified") or throws the classified
-  // orpheus::error, as orpheus::payment::charge_id_of() classifies: a 409
-  // "voided" or "already_captured" and a 404 are refusals for good.
+  // orpheus::error, as orpheus::payment::charge_id_of() classifies: a 404,
+  // and a 409 "voided" to a capture or "already_captured" to a void, are
+  // refusals for good; any other 409 is in doubt.
   std::string authorise(const std::string& key, const orpheus::payment::charge_request& r,
                         std::chrono::milliseconds timeout);
   std::string capture(const std::string& key, const std::string& authorisation,
@@ -53,8 +55,11 @@ class bank_gateway final : public orpheus::payment::gateway {
                      const std::string& charge_id, std::chrono::milliseconds timeout);
 
  private:
+  /// `refused`: the 409 error text that means the bank will never do this
+  /// step ("" for none).
   std::string step(const std::string& target, const std::string& key, const nlohmann::json& body,
-                   const char* id_field, std::chrono::milliseconds timeout);
+                   const char* id_field, std::string_view refused,
+                   std::chrono::milliseconds timeout);
   orpheus::payment::gateway_answer call(orpheus::beast::http_request req,
                                         std::chrono::milliseconds timeout,
                                         orpheus::beast::delivery d);

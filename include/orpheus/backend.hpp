@@ -135,6 +135,17 @@ class store_backend {
   /// on SQLite; MySQL commits each DDL statement), so every migration must be
   /// safe to apply after a partial run.
   virtual void exclusively(std::size_t shard, const std::function<void(tx&)>& f) = 0;
+  /// Whether `e`, thrown by a migration's statement, says that what the
+  /// statement does is already done (a table, column or index that exists,
+  /// or, for a DROP, does not): store::migrate() then goes on, since where
+  /// DDL commits statement by statement a run that stopped part way (killed,
+  /// or its connection lost while the server finished the statement) left
+  /// it applied without the file's version row. False by default, for a
+  /// database whose migrations are one transaction.
+  [[nodiscard]] virtual bool already_applied(const storage_error& e) const noexcept {
+    (void)e;
+    return false;
+  }
 };
 
 }  // namespace orpheus

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -18,8 +19,10 @@
 #include <thread>
 
 #include "orpheus/beast/client.hpp"
+#include "orpheus/beast/server.hpp"
 #include "orpheus/shard_map.hpp"
 #include "orpheus/store.hpp"
+#include "payments_server/gateway.hpp"
 #include "support/backends.hpp"
 #include "support/process.hpp"
 
@@ -411,10 +414,16 @@ TEST_P(Http, AStepsServerFinishesAOneChargePaymentAtABankThatDoesNotDeduplicate)
     } catch (const beast::transport_error&) {  // the server died under us
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // sent, not yet charged
+  // Killed once the charge is on its way, before the bank makes it (found
+  // in review: a fixed sleep could kill the server before it sent it, and
+  // the test then showed nothing).
+  for (int i = 0; i < 250 && ledger()["charge_requests"] == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(ledger()["charge_requests"], 1) << "the charge was never sent";
   payments_.proc->kill_hard();
   client.join();
-  EXPECT_EQ(ledger()["charges"], 0) << "the bank charged before its latency";
+  ASSERT_EQ(ledger()["charges"], 0) << "the bank charged before its latency ended";
 
   auto steps = no_dedup;
   steps.insert(steps.end(), {"--completer-ms", "100"});  // the default flow: steps
@@ -787,6 +796,41 @@ TEST(PaymentsServer, BadFlagsExitTwoAndWriteNothing) {
     EXPECT_TRUE(std::filesystem::is_empty(dir)) << extra[1] << " wrote a file";
   }
   std::filesystem::remove_all(dir);
+}
+
+// Found in review: the example's gateway read a 409's error text without
+// asking which step it answered, so a capture answered "already_captured"
+// (the money taken) was a refusal for good, and the payment turned back to
+// a void that could only fail. Only a step's own refusal is final.
+TEST(BankGateway, OnlyAStepsOwnRefusalIsARefusalForGood) {
+  beast::server s(beast::server_options{}, [](http_request&& req, beast::responder respond) {
+    const bool capture = std::string(req.target()).ends_with("/capture");
+    const bool refused = req["Idempotency-Key"] == "refused";
+    const char* error = capture == refused ? "voided" : "already_captured";
+    respond(beast::make_response(409, nlohmann::json{{"error", error}}.dump(), "application/json"));
+  });
+  s.start();
+  examples::payments_server::bank_gateway bank(
+      beast::parse_http_url("http://127.0.0.1:" + std::to_string(s.port())), 2, true);
+  const auto retryable = [](const std::function<void()>& step) {
+    try {
+      step();
+      ADD_FAILURE() << "a 409 was taken as done";
+      return false;
+    } catch (const orpheus::error& e) {
+      return e.retryable();
+    }
+  };
+  const auto timeout = std::chrono::seconds(5);
+  EXPECT_TRUE(retryable([&] { (void)bank.capture("taken", "au_1", timeout); }))
+      << "a capture answered already_captured was refused for good";
+  EXPECT_TRUE(retryable([&] { (void)bank.void_authorisation("gone", "au_1", timeout); }))
+      << "a void answered voided was refused for good";
+  EXPECT_FALSE(retryable([&] { (void)bank.capture("refused", "au_1", timeout); }))
+      << "a capture of a voided authorisation is refused for good";
+  EXPECT_FALSE(retryable([&] { (void)bank.void_authorisation("refused", "au_1", timeout); }))
+      << "a void of a captured authorisation is refused for good";
+  s.stop();
 }
 
 TEST(BankSimulator, AuthoriseCaptureVoidAndALedgerThatIsSometimesDown) {

@@ -229,6 +229,13 @@ class mysql_tx final : public backend_tx {
 
 // A session for migrations: an autocommit connection. DDL goes as plain
 // statements (not every DDL statement can be prepared).
+// The codes of DDL whose work is done: 1050 table exists, 1060 duplicate
+// column, 1061 duplicate key name, 1091 cannot drop (no such column or
+// index).
+constexpr int already_done_codes[] = {1050, 1060, 1061, 1091};
+// The same codes as classify() writes them into the message.
+constexpr std::string_view already_done_tags[] = {"[1050/", "[1060/", "[1061/", "[1091/"};
+
 class migration_session final : public tx {
  public:
   migration_session(connection& c, std::size_t shard) : c_(c), shard_(shard) {}
@@ -238,7 +245,18 @@ class migration_session final : public tx {
   std::uint64_t execute_values(std::string_view sql, std::span<const sql_value> p) override {
     if (!p.empty()) return run_update(c_, sql, p);
     std::unique_ptr<sql::Statement> st(c_.raw().createStatement());
-    st->execute(sql::SQLString(std::string(sql)));
+    try {
+      st->execute(sql::SQLString(std::string(sql)));
+    } catch (const sql::SQLException& e) {
+      // DDL whose work is done goes out as the storage_error it is, for a
+      // migration to go on (store_backend::already_applied()); the link is
+      // fine. Anything else to guarded(), which judges the link.
+      if (std::find(std::begin(already_done_codes), std::end(already_done_codes),
+                    e.getErrorCode()) != std::end(already_done_codes)) {
+        throw mysql_detail::classify(e, "migrate", false, false);
+      }
+      throw;
+    }
     return static_cast<std::uint64_t>(st->getUpdateCount());
   }
   [[nodiscard]] std::size_t shard() const override { return shard_; }
@@ -324,6 +342,15 @@ class mysql_backend final : public store_backend {
     return {h.pings.load(), h.failed_pings.load(), h.connects.load(), h.dropped_unpinged.load()};
   }
   [[nodiscard]] const sql_dialect& dialect() const override { return dialect_; }
+  // migration_session throws these as storage_error; classify() writes the
+  // code into the message as "[code/".
+  [[nodiscard]] bool already_applied(const storage_error& e) const noexcept override {
+    const std::string_view what = e.what();
+    return std::any_of(
+        std::begin(already_done_tags), std::end(already_done_tags),
+        [&](std::string_view tag) { return what.find(tag) != std::string_view::npos; });
+  }
+
   [[nodiscard]] std::span<const detail::migration> migrations() const override {
     return detail::mysql_migrations();
   }
