@@ -798,6 +798,39 @@ TEST(PaymentsServer, BadFlagsExitTwoAndWriteNothing) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 12: a server that could authenticate nobody does not start, nor one
+// whose key file cannot be read; each says why, and writes nothing. Found in
+// review: the ctest entries for these matched the message only, and CTest
+// ignores the exit code then (a server that said so and served anyway
+// passed).
+TEST(PaymentsServer, AServerThatCannotAuthenticateCallersDoesNotStart) {
+  const auto dir = std::filesystem::temp_directory_path() / ("callers-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  const struct back_to {
+    std::filesystem::path cwd = std::filesystem::current_path();
+    ~back_to() { std::filesystem::current_path(cwd); }
+  } restore;
+  std::filesystem::current_path(dir);  // where a default payments.db would go
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{}, "no way to authenticate callers: give --api-keys FILE"},
+      {{"--api-keys", "/nonexistent/api-keys", "--trust-client-id-header"},
+       "cannot be combined with --api-keys"},
+      {{"--api-keys", "/nonexistent/api-keys"}, "api keys: cannot read /nonexistent/api-keys"},
+  };
+  for (const auto& [extra, says] : refused) {
+    std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_server", "--bank",
+                                  "inproc"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    test::child_process server(argv, /*with_stderr=*/true);
+    std::string said;
+    while (const auto line = server.read_line(std::chrono::seconds(10))) said += *line + "\n";
+    EXPECT_NE(server.wait(), 0) << said;
+    EXPECT_NE(said.find(says), std::string::npos) << said;
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << says << ": wrote a file";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Found in review: the example's gateway read a 409's error text without
 // asking which step it answered, so a capture answered "already_captured"
 // (the money taken) was a refusal for good, and the payment turned back to
