@@ -9,12 +9,11 @@
 -- next (NULL: never), indexed for the completer's claim; retention_us: the
 -- request's own retention, for a completer that finishes it.
 --
--- MySQL commits each DDL statement on its own. The table comes first and is
--- created only if missing; the ALTER (one statement: all of it or nothing) is
--- last, and the version row is written right after it. A run stopped between
--- the ALTER and that row leaves the columns in place, and the next run fails
--- on them ("Duplicate column name"): then drop them (and the index) by hand
--- and migrate again.
+-- MySQL commits each DDL statement on its own: one change per statement, so
+-- that a run stopped part way goes on past each statement whose work it
+-- finds done (a duplicate column or index: store::migrate(),
+-- store_backend::already_applied()), and does the rest. (It used to be one
+-- ALTER; a store migrated by it has the same columns and index.)
 CREATE TABLE IF NOT EXISTS orpheus_attempts (
   id       BIGINT         NOT NULL AUTO_INCREMENT,
   scope    VARBINARY(255) NOT NULL,
@@ -28,9 +27,9 @@ CREATE TABLE IF NOT EXISTS orpheus_attempts (
   PRIMARY KEY (id),
   KEY orpheus_attempts_key (scope, idem_key, id)
 ) ENGINE=InnoDB ROW_FORMAT=DYNAMIC;
-ALTER TABLE orpheus_records ADD COLUMN attempts_before_requeue INT NOT NULL DEFAULT 0,
-  ADD COLUMN handler VARBINARY(64) NULL,
-  ADD COLUMN handler_version INT NULL,
-  ADD COLUMN next_attempt_us BIGINT NULL,
-  ADD COLUMN retention_us BIGINT NULL,
-  ADD INDEX orpheus_records_next_attempt (next_attempt_us);
+ALTER TABLE orpheus_records ADD COLUMN attempts_before_requeue INT NOT NULL DEFAULT 0;
+ALTER TABLE orpheus_records ADD COLUMN handler VARBINARY(64) NULL;
+ALTER TABLE orpheus_records ADD COLUMN handler_version INT NULL;
+ALTER TABLE orpheus_records ADD COLUMN next_attempt_us BIGINT NULL;
+ALTER TABLE orpheus_records ADD COLUMN retention_us BIGINT NULL;
+ALTER TABLE orpheus_records ADD INDEX orpheus_records_next_attempt (next_attempt_us);

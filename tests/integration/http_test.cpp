@@ -823,7 +823,13 @@ TEST(PaymentsServer, AServerThatCannotAuthenticateCallersDoesNotStart) {
     argv.insert(argv.end(), extra.begin(), extra.end());
     test::child_process server(argv, /*with_stderr=*/true);
     std::string said;
+    const auto began = std::chrono::steady_clock::now();
     while (const auto line = server.read_line(std::chrono::seconds(10))) said += *line + "\n";
+    if (std::chrono::steady_clock::now() - began >= std::chrono::seconds(10)) {
+      ADD_FAILURE() << "still running after it said: " << said;  // a hang guard
+      server.kill_hard();
+      continue;
+    }
     EXPECT_NE(server.wait(), 0) << said;
     EXPECT_NE(said.find(says), std::string::npos) << said;
     EXPECT_TRUE(std::filesystem::is_empty(dir)) << says << ": wrote a file";

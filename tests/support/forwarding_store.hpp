@@ -51,6 +51,9 @@ class forwarding_backend final : public store_backend {
   void exclusively(std::size_t shard, const std::function<void(tx&)>& f) override {
     inner_.exclusively(shard, f);
   }
+  [[nodiscard]] bool already_applied(const storage_error& e) const noexcept override {
+    return inner_.already_applied(e);
+  }
 
  private:
   /// Names the record layer's statements; the application's are not named.
