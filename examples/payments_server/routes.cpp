@@ -31,15 +31,22 @@ http_response find_payment(orpheus::store& store, const std::string& client,
   // then this answers 503 (retry later), not "the table does not exist".
   // (Unless someone else migrates it first, e.g. orpheusctl migrate: then
   // for up to a second, until late_shards creates the table, a 500.)
-  (void)store.backend_for_records(shard);
-  auto t = store.begin_on_shard(shard);
-  // Scoped to the caller: another client's payment is "not found".
-  const auto rows = t->query(
-      "SELECT id, amount, currency, customer, state, charge_id "
-      "FROM payments WHERE id = ? AND client = ?",
-      id, client);
-  t->commit();
-  if (rows.empty()) return make_response(404, R"({"error":"not found"})", "application/json");
+  auto& backend = store.backend_for_records(shard);
+  // Scoped to the caller: another client's payment is "not found". Compared
+  // here too, byte for byte: MySQL's default collation ignores case, and
+  // "Shop-1" and "shop-1" are two clients (found in review: one was served
+  // the other's payment).
+  // One read outside any transaction (found in review: on SQLite a GET was
+  // a transaction, which took a turn on the one writer and waited for a
+  // COMMIT, in the queue the payments' own writes use).
+  const orpheus::sql_value params[] = {id, client};
+  const auto rows = backend.read(shard,
+                                 "SELECT id, amount, currency, customer, state, charge_id, client "
+                                 "FROM payments WHERE id = ? AND client = ?",
+                                 params);
+  if (rows.empty() || rows[0].get<std::string>(0) != id || rows[0].get<std::string>(6) != client) {
+    return make_response(404, R"({"error":"not found"})", "application/json");
+  }
   const auto& row = rows[0];
   nlohmann::json j{{"id", row.get<std::string>(0)},
                    {"amount", row.get<std::int64_t>(1)},

@@ -68,7 +68,8 @@ class Http : public testing::TestWithParam<std::string> {
     std::ofstream(keys) << "# the tests' callers\n"
                         << key_of(client_) << " " << client_ << "\n"
                         << key_of("alice-" + client_) << " alice-" << client_ << "\n"
-                        << key_of("bob-" + client_) << " bob-" << client_ << "\n";
+                        << key_of("bob-" + client_) << " bob-" << client_ << "\n"
+                        << key_of("Alice-" + client_) << " Alice-" << client_ << "\n";
     std::vector<std::string> argv{
         ORPHEUS_BINARY_DIR "/examples/payments_server",   "--store",    store_,       "--bank",
         "http://127.0.0.1:" + std::to_string(bank_.port), "--api-keys", keys.string()};
@@ -282,6 +283,12 @@ TEST_P(Http, ScopesAreIsolated) {
   http_request theirs{http::verb::get, "/v1/payments/" + a_id, 11};
   authorize(theirs, "bob-" + client_);
   EXPECT_EQ(send(payments_.port, theirs).result_int(), 404U);
+  // Found in review: on MariaDB the payments table's client column compared
+  // without case, so a client whose name differs only in case ("Alice-"
+  // against "alice-") was served the other's payment. Two clients.
+  http_request cased{http::verb::get, "/v1/payments/" + a_id, 11};
+  authorize(cased, "Alice-" + client_);
+  EXPECT_EQ(send(payments_.port, cased).result_int(), 404U);
   // Bob re-sending his request gets his own recorded answer, never Alice's.
   EXPECT_EQ(pay("shared-key", 100, "bob-" + client_).body(), b.body());
 }
