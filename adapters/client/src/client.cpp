@@ -76,7 +76,16 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     result_.response = std::move(res);
   } else {
     info.kind = kind_of_transport(failure ? failure->error_kind() : transport_failure::closed);
-    info.error = failure ? failure->what() : "no answer";
+    // From the error's own strings, not what(): a transport_error from the
+    // http_client's io thread shares std::runtime_error's text with the
+    // io thread's copy (TSan saw this thread read it as the io thread freed
+    // it; the reference count is libstdc++'s, unseen by TSan).
+    if (failure) {
+      const auto& e = failure->info();
+      info.error = e.internal.empty() ? e.message : e.internal;
+    } else {
+      info.error = "no answer";
+    }
   }
   result_.last_error = info.kind;
   result_.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(o_.time.now() - started_);
