@@ -1,5 +1,6 @@
 #include "orpheus/work_pool.hpp"
 
+#include "orpheus/codes.hpp"
 #include "orpheus/error.hpp"
 
 namespace orpheus {
@@ -123,6 +124,16 @@ void work_pool::work() {
     } catch (...) {  // NOLINT(bugprone-empty-catch): a job reports its own errors
     }
   }
+}
+
+// Found in review: a graceful stop ran every request still queued, each a
+// new downstream call, so with a bank that stopped answering the stop took
+// queue / workers x rpc_timeout (minutes), past any orchestrator's grace
+// period, and ended in a kill with calls in doubt.
+error_info work_pool::draining_refusal() {
+  return error_info::of(error_class::unavailable, codes::server_stopping,
+                        "the server is stopping and did not start this request; retry with the "
+                        "same key");
 }
 
 }  // namespace orpheus

@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "orpheus/error.hpp"
+
 namespace orpheus {
 
 class work_pool {
@@ -65,6 +67,11 @@ class work_pool {
   /// (the middleware answers a request still queued 503 server_stopping
   /// rather than calling downstream while the process stops).
   [[nodiscard]] bool draining() const noexcept { return draining_.load(); }
+
+  /// What a front end answers a request it did not start because the pool
+  /// is draining: 503 server_stopping, retryable (nothing of it ran). The
+  /// Beast middleware and the gRPC adapter both answer so.
+  [[nodiscard]] static error_info draining_refusal();
 
   /// Jobs queued and not yet started (delayed ones not counted).
   [[nodiscard]] std::size_t queued() const;

@@ -425,61 +425,74 @@ class counting_bank final : public orpheus::payment::gateway {
   }
 };
 
-// Found in review: what the scope function (or the request's serialising)
-// threw on gRPC's thread left the call's reactor unfinished and went into
-// gRPC. The call is finished with a status, nothing runs, and the server
-// goes on serving and shuts down.
-TEST(GrpcInProcess, AScopeFunctionThatThrowsFinishesTheCallAndTheServerGoesOn) {
-  auto store = orpheus::test::make_store("sqlite");
-  ASSERT_TRUE(store);
-  {
+// The payments service in the test's process, on SQLite, with a bank that
+// counts its charges: for the tests that need the adapter's own threads.
+struct in_process_payments {
+  in_process_payments(std::size_t workers, orpheus::grpc::scope_function scope)
+      : store(orpheus::test::make_store("sqlite")), pool(workers, 16) {
+    if (!store) throw std::runtime_error("no SQLite store for the test");
     auto t = store->begin_on_shard(0);
     t->execute(
         "CREATE TABLE payments (id TEXT PRIMARY KEY, client TEXT, amount INTEGER, currency "
         "TEXT, customer TEXT, state TEXT, charge_id TEXT)");
     t->commit();
+    m = std::make_unique<orpheus::manager>(*store);
+    idem = std::make_unique<orpheus::grpc::idempotent_unary>(
+        *m, pool, orpheus::grpc::unary_options{.scope = std::move(scope)});
+    service = std::make_unique<examples::payments_grpc::payments_service>(*idem, bank);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service.get());
+    server = builder.BuildAndStart();
+    stub = payments::v1::Payments::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                               grpc::InsecureChannelCredentials()));
   }
-  orpheus::manager m(*store);
-  orpheus::work_pool pool(2, 16);
-  std::atomic<int> scopes{0};
-  orpheus::grpc::idempotent_unary idem(
-      m, pool, {.scope = [&](const grpc::CallbackServerContext&) -> std::optional<std::string> {
-        if (scopes++ == 0) throw std::runtime_error("the auth context cannot be read");
-        return "client:m1";
-      }});
-  counting_bank bank;
-  examples::payments_grpc::payments_service service(idem, bank);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_TRUE(server);
-  ASSERT_NE(port, 0);
-  const auto stub = payments::v1::Payments::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
-  const auto pay = [&] {
+  grpc::Status pay(const std::string& key, std::chrono::seconds deadline) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("idempotency-key", "k1");
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    ctx.AddMetadata("idempotency-key", key);
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
     payments::v1::CreatePaymentRequest req;
     req.set_amount(100);
     req.set_currency("EUR");
     req.set_customer("cus_1");
     payments::v1::Payment reply;
     return stub->CreatePayment(&ctx, req, &reply);
-  };
-  const grpc::Status failed = pay();
+  }
+
+  std::unique_ptr<orpheus::store> store;
+  orpheus::work_pool pool;
+  std::unique_ptr<orpheus::manager> m;
+  std::unique_ptr<orpheus::grpc::idempotent_unary> idem;
+  counting_bank bank;
+  std::unique_ptr<examples::payments_grpc::payments_service> service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<payments::v1::Payments::Stub> stub;
+};
+
+// Found in review: what the scope function (or the request's serialising)
+// threw on gRPC's thread left the call's reactor unfinished and went into
+// gRPC. The call is finished with a status, nothing runs, and the server
+// goes on serving and shuts down.
+TEST(GrpcInProcess, AScopeFunctionThatThrowsFinishesTheCallAndTheServerGoesOn) {
+  std::atomic<int> scopes{0};
+  in_process_payments p(2, [&](const grpc::CallbackServerContext&) -> std::optional<std::string> {
+    if (scopes++ == 0) throw std::runtime_error("the auth context cannot be read");
+    return "client:m1";
+  });
+  ASSERT_TRUE(p.server);
+  ASSERT_NE(p.port, 0);
+  const grpc::Status failed = p.pay("k1", std::chrono::seconds(20));
   // Nothing ran: retryable with the same key, as over HTTP (it was INTERNAL,
   // final, under the default unclassified policy).
   EXPECT_EQ(failed.error_code(), grpc::StatusCode::UNAVAILABLE) << failed.error_message();
   EXPECT_TRUE(orpheus::grpc::may_retry(failed));
-  EXPECT_EQ(bank.charges, 0);
-  const grpc::Status ok = pay();
+  EXPECT_EQ(p.bank.charges, 0);
+  const grpc::Status ok = p.pay("k1", std::chrono::seconds(20));
   EXPECT_TRUE(ok.ok()) << ok.error_message();
-  EXPECT_EQ(bank.charges, 1);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  pool.drain();
+  EXPECT_EQ(p.bank.charges, 1);
+  p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  p.pool.drain();
 }
 
 // Found in review: a graceful stop shut the gRPC server down before it
@@ -487,64 +500,33 @@ TEST(GrpcInProcess, AScopeFunctionThatThrowsFinishesTheCallAndTheServerGoesOn) {
 // still queued when the drain begins is finished UNAVAILABLE server_stopping,
 // and nothing of it runs.
 TEST(GrpcInProcess, ACallStillQueuedWhenTheStopBeginsIsAnsweredNotStarted) {
-  auto store = orpheus::test::make_store("sqlite");
-  ASSERT_TRUE(store);
-  {
-    auto t = store->begin_on_shard(0);
-    t->execute(
-        "CREATE TABLE payments (id TEXT PRIMARY KEY, client TEXT, amount INTEGER, currency "
-        "TEXT, customer TEXT, state TEXT, charge_id TEXT)");
-    t->commit();
-  }
-  orpheus::manager m(*store);
-  orpheus::work_pool pool(1, 16);
-  orpheus::grpc::idempotent_unary idem(
-      m, pool, {.scope = [](const grpc::CallbackServerContext&) -> std::optional<std::string> {
-        return "client:m1";
-      }});
-  counting_bank bank;
-  examples::payments_grpc::payments_service service(idem, bank);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_TRUE(server);
-  const auto stub = payments::v1::Payments::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  in_process_payments p(1, [](const grpc::CallbackServerContext&) -> std::optional<std::string> {
+    return "client:m1";
+  });
+  ASSERT_TRUE(p.server);
   std::latch started(1);
   std::latch release(1);
-  ASSERT_TRUE(pool.try_submit([&] {
+  ASSERT_TRUE(p.pool.try_submit([&] {
     started.count_down();
     release.wait();  // a call running on the only worker
   }));
   started.wait();
   grpc::Status queued_status;
-  std::thread queued([&] {
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("idempotency-key", "queued");
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    payments::v1::CreatePaymentRequest req;
-    req.set_amount(100);
-    req.set_currency("EUR");
-    req.set_customer("cus_1");
-    payments::v1::Payment reply;
-    queued_status = stub->CreatePayment(&ctx, req, &reply);
-  });
-  while (pool.queued() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::thread stopper([&] { pool.drain(); });  // as payments_grpc_server does, first
-  while (!pool.draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread queued([&] { queued_status = p.pay("queued", std::chrono::seconds(60)); });
+  while (p.pool.queued() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread stopper([&] { p.pool.drain(); });  // as payments_grpc_server does, first
+  while (!p.pool.draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   release.count_down();
   queued.join();
   stopper.join();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   EXPECT_EQ(queued_status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << queued_status.error_message();
   EXPECT_TRUE(orpheus::grpc::may_retry(queued_status));
   EXPECT_NE(queued_status.error_message().find("stopping"), std::string::npos)
       << queued_status.error_message();
-  EXPECT_EQ(bank.charges, 0) << "a queued call charged during the stop";
-  EXPECT_FALSE(store->read({"client:m1", "queued", std::string(64, '0')}));
+  EXPECT_EQ(p.bank.charges, 0) << "a queued call charged during the stop";
+  EXPECT_FALSE(p.store->read({"client:m1", "queued", std::string(64, '0')}));
 }
 
 // A call whose key is held by another in flight is ABORTED, retryable, with

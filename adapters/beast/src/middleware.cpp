@@ -29,18 +29,6 @@ error_info overloaded() {
                         "too many requests queued; retry later");
 }
 
-// Found in review: a graceful stop ran every request still queued, each a
-// new downstream call, so with a bank that stopped answering the stop took
-// queue / workers x rpc_timeout (minutes), past any orchestrator's grace
-// period, and ended in a kill with calls in doubt. Nothing of a queued
-// request has run: it is answered, retryable, and the stop waits only for
-// the requests already running.
-error_info stopping() {
-  return error_info::of(error_class::unavailable, codes::server_stopping,
-                        "the server is stopping and did not start this request; retry with the "
-                        "same key");
-}
-
 // Every field named `name`, joined as a proxy may join them (RFC 9110,
 // section 5.3); nullopt when there is none. Found in review: req[name] is
 // the first field alone, so a retry whose client or proxy added a second
@@ -324,7 +312,11 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
   // Issue 7, defect 12: such rows used to be kept for the full retention.
   if (!p->key_sent) o.retention = std::chrono::milliseconds(0);
   const std::string shown_key = p->key_sent ? p->id.key : std::string();
-  if (pool_.draining()) return finish(*p, error_response(stopping(), shown_key));
+  // Nothing of a request still queued when the drain began has run: the
+  // stop waits only for the requests already running.
+  if (pool_.draining()) {
+    return finish(*p, error_response(work_pool::draining_refusal(), shown_key));
+  }
   const outcome<response> out = p->run(p->id, p->req, o);
   if (!out.ok()) {
     const error_info& e = out.error();

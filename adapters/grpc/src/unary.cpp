@@ -85,15 +85,6 @@ StatusCode code_of_recorded(int status, bool retryable) {
   return StatusCode::FAILED_PRECONDITION;
 }
 
-// A call refused or not started because the pool is draining (a graceful
-// stop): nothing of it has run, and a stop waits for no new downstream call
-// (as over HTTP: beast::middleware).
-error_info stopping() {
-  return error_info::of(error_class::unavailable, codes::server_stopping,
-                        "the server is stopping and did not start this request; retry with the "
-                        "same key");
-}
-
 // googleapis' type URLs: the adapter's copies of the messages are in a
 // package of their own (so that a service may link googleapis' beside them),
 // and are packed and read under googleapis' names, as clients expect them.
@@ -330,7 +321,7 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
           // Queued when the pool began to drain (a graceful stop): nothing of it
           // has run, and a stop does not wait for new downstream calls (as over
           // HTTP: beast::middleware).
-          if (pool.draining()) return reactor->Finish(status_of(stopping()));
+          if (pool.draining()) return reactor->Finish(status_of(work_pool::draining_refusal()));
           answer(ctx, reactor, reply, id, run(id, process_options{}));
         } catch (...) {  // the pool swallows what a job throws: finish the call anyway
           // The request may have run (an allocation failed after it): a
@@ -343,7 +334,7 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
       });
   if (!queued) {
     reactor->Finish(status_of(pool_.draining()
-                                  ? stopping()
+                                  ? work_pool::draining_refusal()
                                   : error_info::of(error_class::unavailable, codes::overloaded,
                                                    "the server is busy; retry with "
                                                    "the same key")));

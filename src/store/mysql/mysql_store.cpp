@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -233,8 +234,6 @@ class mysql_tx final : public backend_tx {
 // column, 1061 duplicate key name, 1091 cannot drop (no such column or
 // index).
 constexpr int already_done_codes[] = {1050, 1060, 1061, 1091};
-// The same codes as classify() writes them into the message.
-constexpr std::string_view already_done_tags[] = {"[1050/", "[1060/", "[1061/", "[1091/"};
 
 class migration_session final : public tx {
  public:
@@ -346,9 +345,13 @@ class mysql_backend final : public store_backend {
   // code into the message as "[code/".
   [[nodiscard]] bool already_applied(const storage_error& e) const noexcept override {
     const std::string_view what = e.what();
-    return std::any_of(
-        std::begin(already_done_tags), std::end(already_done_tags),
-        [&](std::string_view tag) { return what.find(tag) != std::string_view::npos; });
+    return std::any_of(std::begin(already_done_codes), std::end(already_done_codes), [&](int code) {
+      char tag[16] = {'['};
+      char* end = std::to_chars(tag + 1, tag + sizeof tag - 1, code).ptr;
+      *end++ = '/';
+      return what.find(std::string_view(tag, static_cast<std::size_t>(end - tag))) !=
+             std::string_view::npos;
+    });
   }
 
   [[nodiscard]] std::span<const detail::migration> migrations() const override {
