@@ -118,7 +118,10 @@ class store_backend {
   /// (SQLite runs it on its writer thread, inside a batch, so that the caller
   /// waits once, for the commit, and not for a turn on the connection); it
   /// returns or throws only once `body` has returned, so `body` may refer to
-  /// the caller's stack. Errors as begin() and commit().
+  /// the caller's stack. A backend may also run `body` again, as a retry
+  /// would, after a failure that undid all of it (SQLite, when another
+  /// member's statement rolled back the batch it ran in): `body` does
+  /// nothing but its statements. Errors as begin() and commit().
   virtual void transact(std::size_t shard, const std::function<void(backend_tx&)>& body) {
     const std::unique_ptr<backend_tx> t = begin(shard);
     body(*t);

@@ -73,7 +73,13 @@
 // on its writer thread while the caller's thread waits. So they must not
 // rely on the caller's thread (thread-locals, a lock the caller holds) and
 // must not begin another transaction on the same store (a non-retryable
-// storage_error). The RPC always runs on the caller's thread.
+// storage_error). Nor may they block (a network call, a wait on something
+// outside the database): on SQLite every write of the process, and the
+// file's write lock for other processes, waits for them (found in review).
+// They may run again after a failure that undid them, as a retry would
+// (store_backend::transact). The RPC always runs on the caller's thread.
+// Threads that call process() must not be cancelled (pthread_cancel) while
+// they wait in it.
 #pragma once
 
 #include <chrono>
@@ -195,6 +201,9 @@ struct process_options {
   /// How long this request's terminal record is kept, when not the manager's
   /// config::retention. For requests nobody can replay (a key the server
   /// made up for a request that came without one): 0ms, purged next time.
+  /// Not shorter than config::retry_window for a key a client sent: a retry
+  /// that finds the record purged runs as a new request (is_retry() false),
+  /// which config::retention's own check refuses for the same reason.
   /// At most 100 years (config_error otherwise, nothing written).
   std::optional<std::chrono::milliseconds> retention{};
 };

@@ -270,6 +270,84 @@ TEST(SqliteStore, JobsShareABatchAndOneThatThrowsIsUndoneAlone) {
   EXPECT_TRUE(row_exists(*s, "j3"));
 }
 
+// Found in review: a job whose own statement rolls the whole transaction
+// back (here a trigger's RAISE(ROLLBACK); also INSERT OR ROLLBACK, or a
+// table's ON CONFLICT ROLLBACK) took every batch-mate's work with it, and was
+// itself told to retry, as a member of a lost batch: each retry of a request
+// refused for good lost another batch. The batch-mates of its round run
+// again, and the refusal is its answer once it ran first in a batch.
+TEST(SqliteStore, AJobWhoseStatementRollsTheBatchBackGetsItsRefusalAndTheOthersStillCommit) {
+  auto s = store_with_table();
+  {
+    auto t = s->begin_on_shard(0);
+    t->execute(
+        "CREATE TRIGGER gc_refuse BEFORE INSERT ON gc_rows WHEN NEW.id = 'bad' "
+        "BEGIN SELECT RAISE(ROLLBACK, 'refused by the application'); END");
+    t->commit();
+  }
+  auto hold = s->begin_on_shard(0);  // the jobs queue, in this order: j1, bad, j3
+  std::vector<std::future<std::optional<storage_error>>> jobs;
+  std::size_t queued = 0;
+  for (const std::string id : {"j1", "bad", "j3"}) {
+    jobs.push_back(failure_of([&s, id] { insert_as_job(*s, id); }));
+    await_waiting(*s, ++queued);
+  }
+  hold->rollback();
+  std::vector<std::optional<storage_error>> got;
+  for (auto& j : jobs) {
+    ASSERT_EQ(j.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    got.push_back(j.get());
+  }
+  EXPECT_FALSE(got[0]) << got[0]->what();
+  ASSERT_TRUE(got[1]) << "the refused job";
+  EXPECT_FALSE(got[1]->retryable()) << got[1]->what();
+  EXPECT_NE(std::string(got[1]->info().internal).find("refused by the application"),
+            std::string::npos)
+      << got[1]->info().internal;
+  EXPECT_FALSE(got[2]) << got[2]->what();
+  EXPECT_TRUE(row_exists(*s, "j1"));
+  EXPECT_FALSE(row_exists(*s, "bad"));
+  EXPECT_TRUE(row_exists(*s, "j3"));
+}
+
+// Found in review (of the change above): a job whose caller had stopped
+// waiting for it (here: past busy_timeout, while a slow batch-mate ran) was
+// put back in line when that batch-mate ended the batch, and its caller was
+// told "committed" for a row that never was, while the job, pointing at the
+// caller's finished stack, waited to run again. A job is put back only
+// while its caller waits; otherwise its caller is told, and it never runs.
+TEST(SqliteStore, AJobWhoseCallerGaveUpIsNeverPutBackInLine) {
+  auto s = store_with_table(64, std::chrono::milliseconds(200));
+  {
+    auto t = s->begin_on_shard(0);
+    t->execute(
+        "CREATE TRIGGER gc_refuse BEFORE INSERT ON gc_rows WHEN NEW.id = 'bad' "
+        "BEGIN SELECT RAISE(ROLLBACK, 'refused'); END");
+    t->commit();
+  }
+  auto hold = s->begin_on_shard(0);
+  auto a = failure_of([&s] { insert_as_job(*s, "a"); });
+  await_waiting(*s, 1);
+  auto b = failure_of([&s] {
+    insert_as_job(*s, "b", [](backend_tx& t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past a's busy_timeout
+      t.execute("INSERT INTO gc_rows (id) VALUES ('bad')");
+    });
+  });
+  await_waiting(*s, 2);
+  hold->rollback();
+  ASSERT_EQ(a.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_EQ(b.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const auto got_a = a.get();
+  const auto got_b = b.get();
+  ASSERT_TRUE(got_a) << "told committed, but its batch was lost";
+  EXPECT_TRUE(got_a->retryable()) << got_a->what();
+  ASSERT_TRUE(got_b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // nothing runs later either
+  EXPECT_FALSE(row_exists(*s, "a"));
+  EXPECT_FALSE(row_exists(*s, "b"));
+}
+
 // Found in review: with max_batch_age 0 the writer opened and rolled back
 // empty batches forever and no job ran. The writer always runs the jobs it
 // queued for, as a thread member always joins the batch it is handed.

@@ -234,31 +234,42 @@ void single_writer::run(const std::function<void(connection&)>& body) {
   // by a full batch is given a new gate and sleeps again.
   const auto until = clock::now() + busy_timeout_;
   lock.lock();
-  while (j->at == job::state::queued) {
-    if (clock::now() >= until) {  // never started: nothing happened
-      j->at = job::state::abandoned;
-      std::erase(jobs_, j);
-      throw waited_for_writer(line_.size() + jobs_.size() + 1);
+  // A job whose batch was lost may be put back in line to run again
+  // (put_back_after_lost_batch), also while its caller waits for the batch
+  // to finish: it is waited for again, by the same bounds.
+  for (;;) {
+    while (j->at == job::state::queued) {
+      if (clock::now() >= until) {  // never started (or undone and put back): nothing happened
+        j->at = job::state::abandoned;
+        std::erase(jobs_, j);
+        throw waited_for_writer(line_.size() + jobs_.size() + 1);
+      }
+      const std::shared_ptr<parker> gate = j->gate;
+      lock.unlock();
+      gate->sleep_until(until);
+      lock.lock();
     }
-    const std::shared_ptr<parker> gate = j->gate;
-    lock.unlock();
-    gate->sleep_until(until);
-    lock.lock();
-  }
-  // The body may use this thread's stack: never return while it runs.
-  while (j->at == job::state::running) {
-    const std::shared_ptr<parker> gate = j->gate;
-    lock.unlock();
-    gate->sleep_until(clock::now() + std::chrono::milliseconds(20));
-    lock.lock();
-  }
-  if (finished_ < j->batch) {  // like leave(): at most busy_timeout after the body
-    const std::shared_ptr<parker> gate = j->gate;
-    lock.unlock();
-    gate->sleep_until(std::max(until, clock::now() + busy_timeout_));
-    lock.lock();
+    // The body may use this thread's stack: never return while it runs.
+    while (j->at == job::state::running) {
+      const std::shared_ptr<parker> gate = j->gate;
+      lock.unlock();
+      gate->sleep_until(clock::now() + std::chrono::milliseconds(20));
+      lock.lock();
+    }
+    if (j->at == job::state::queued) continue;
+    if (finished_ < j->batch) {  // like leave(): at most busy_timeout after the body
+      const std::shared_ptr<parker> gate = j->gate;
+      lock.unlock();
+      gate->sleep_until(std::max(until, clock::now() + busy_timeout_));
+      lock.lock();
+    }
+    if (j->at != job::state::queued) break;
   }
   const bool done = finished_ >= j->batch && !(j->gate && j->gate->unknown);
+  // Found in review: a caller that leaves before its batch finished must not
+  // have its job put back in line after it left (the body it points to is
+  // gone): marked as given up, which a lost batch leaves alone.
+  if (!done) j->at = job::state::abandoned;
   // The gate of the round it ran in: finish_batch() wrote the outcome there.
   std::optional<storage_error> batch_failure;
   if (done && j->batch != 0) batch_failure = j->gate->failure;
@@ -269,7 +280,7 @@ void single_writer::run(const std::function<void(connection&)>& body) {
     // committed), a final failure may rest on writes that never existed: a
     // UNIQUE row, funds a member before it reserved. A final answer drawn
     // from that would be false; it kept nothing, so it is told to retry.
-    if ((!done || batch_failure) && is_final_answer(j->thrown, j->own)) {
+    if ((!done || batch_failure) && is_final_answer(j->thrown, j->own) && !j->ended_batch_alone) {
       throw undone_in_unsure_batch();
     }
     if (j->thrown) std::rethrow_exception(j->thrown);
@@ -351,15 +362,15 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
     }
     const std::uint64_t batch = batch_;
     bool outer_lost = false;
+    std::shared_ptr<job> ended_it;  // the job whose own statements ended the batch
     for (auto& j : round) {
       if (j->at == job::state::abandoned) continue;  // its caller gave up before it started
-      if (outer_lost) {  // not run: the batch is gone, and with it the savepoints
-        j->at = job::state::ran;
-        j->own = batch_lost();
-        continue;
-      }
+      if (outer_lost) continue;                      // not run: put back in line below
       j->at = job::state::running;
       j->batch = batch;
+      // Nothing uncommitted under its statements (a doomed batch keeps a
+      // member's writes it could not undo).
+      const bool wrote_first = kept_ == 0 && !doomed_;
       lock.unlock();
       run_one(*j);
       outer_lost = sqlite3_get_autocommit(conn_->db()) != 0;
@@ -371,14 +382,89 @@ void single_writer::run_jobs(std::unique_lock<std::mutex>& lock) {
       } else {
         ++stats_.rollbacks;
       }
+      if (outer_lost && !foreign_commit_ && is_final_answer(j->thrown, j->own)) {
+        ended_it = j;
+        j->ended_batch_alone = wrote_first;
+      }
     }
     if (outer_lost) {
       // SQLite rolled the outer transaction back on its own (or a foreign
       // COMMIT ended it): every member that committed into it lost its work.
       finish_batch(lock, batch, batch_lost());
+      put_back_after_lost_batch(lock, round, ended_it);
       return;
     }
   }
+}
+
+// Found in review: a job whose own statement rolls the whole transaction
+// back (SQLite's ROLLBACK conflict resolution: INSERT OR ROLLBACK, a table's
+// ON CONFLICT ROLLBACK, a trigger's RAISE(ROLLBACK)) took its batch-mates'
+// work with it, and was itself told to retry, as a member of a lost batch:
+// each retry of a request refused for good lost another batch. What can run
+// again does, in a batch of its own turn:
+//   - the jobs of this round that had not run (nothing of them ran);
+//   - when a job's final refusal ended it (SQLite's own rollback, not a
+//     foreign COMMIT), the jobs of this round that ran before it, all undone
+//     with the batch: a body runs again as a retry would (backend.hpp);
+//   - that job itself, once, first in line, when what it was refused on may
+//     be another member's uncommitted write: run first in a batch, its
+//     refusal rests on committed data alone, and is its answer
+//     (job::ended_batch_alone).
+// Thread members of the batch (they run code of their own between
+// statements) and jobs of its earlier rounds are told it was lost
+// (retryable, nothing committed), as before.
+void single_writer::put_back_after_lost_batch(std::unique_lock<std::mutex>& /*lock*/,
+                                              const std::vector<std::shared_ptr<job>>& round,
+                                              const std::shared_ptr<job>& ended_it) {
+  std::vector<std::shared_ptr<job>> again;
+  try {
+    again.reserve(round.size());
+  } catch (...) {  // out of memory: nothing is put back; those that never ran are told
+    for (const auto& j : round) {
+      if (j->at == job::state::queued) {
+        j->at = job::state::ran;
+        j->own = batch_lost();
+      }
+    }
+    return;
+  }
+  if (ended_it && !ended_it->ended_batch_alone && ended_it->reruns == 0) {
+    ++ended_it->reruns;
+    again.push_back(ended_it);
+  }
+  bool before_it = true;
+  for (const auto& j : round) {
+    if (j == ended_it) {
+      before_it = false;
+    } else if (j->at == job::state::queued) {  // never ran
+      again.push_back(j);
+    } else if (j->at == job::state::ran && ended_it && before_it) {  // undone with the batch
+      again.push_back(j);
+    }
+  }
+  if (again.empty()) return;
+  try {  // what may allocate, before anything changes
+    if (!jobs_gate_) jobs_gate_ = std::make_shared<parker>();
+    jobs_.reserve(jobs_.size() + again.size());
+  } catch (...) {  // out of memory: told the batch was lost, as those that ran
+    for (const auto& j : again) {
+      if (j->at == job::state::queued) {
+        j->at = job::state::ran;
+        j->own = batch_lost();
+      }
+    }
+    return;
+  }
+  for (const auto& j : again) {
+    j->at = job::state::queued;
+    j->batch = 0;
+    j->kept = false;
+    j->thrown = nullptr;
+    j->own.reset();
+    j->gate = jobs_gate_;  // its caller, woken by the lost batch's end, sleeps again on this
+  }
+  jobs_.insert(jobs_.begin(), again.begin(), again.end());
 }
 
 void single_writer::run_one(job& j) {

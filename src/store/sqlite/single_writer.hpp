@@ -171,12 +171,21 @@ class single_writer {
     bool kept = false;                 // its savepoint was released
     std::exception_ptr thrown;         // what the body threw (or ending it, out of memory)
     std::optional<storage_error> own;  // its own SAVEPOINT or RELEASE failed
+    // Its own statement ended the batch (a final refusal that rolled the
+    // whole transaction back) while it was the first to write in it: the
+    // refusal rests on committed data alone, and is its answer.
+    bool ended_batch_alone = false;
+    int reruns = 0;  // put back in line after ending a batch it did not write first
   };
   void writer_loop();
   /// On the writer thread, in its turn, batch open: runs the queued jobs
   /// while the batch may grow.
   void run_jobs(std::unique_lock<std::mutex>& lock);
   void run_one(job& j);
+  /// After a round's batch was lost: puts back in line what may run again.
+  void put_back_after_lost_batch(std::unique_lock<std::mutex>& lock,
+                                 const std::vector<std::shared_ptr<job>>& round,
+                                 const std::shared_ptr<job>& ended_it);
   bool end_member(bool keep, std::optional<storage_error>& own);
   bool end_member_or_undo(bool keep, std::optional<storage_error>& own,
                           std::exception_ptr& thrown) noexcept;
