@@ -42,6 +42,31 @@ constexpr std::string_view runner_completer = "completer";
                   .with_retry_after(std::chrono::milliseconds(ms)));
 }
 
+// A permanent database error while reading or taking up a key that is not
+// new (found in review: it was answered 500 "do not retry", and a client
+// told that could pay again under a new key while the completer finished the
+// first payment, or a record that does not read hid one that did charge).
+// The key is held by a request that is not finished, or its record could not
+// be read at all: an operator's fix (a grant, a schema, a row) lets the
+// retry go on, so it is retryable, and in doubt when an earlier attempt's
+// call may still land. `unfinished` is the record read, when it read. So is
+// this thread's own misuse on SQLite (a transaction it holds would wait for
+// itself; its internal text says so): the client's retry arrives on another
+// thread, or finds the request finished by the completer.
+[[noreturn]] void throw_refused_on_held_key(const storage_error& e,
+                                            const std::optional<record>& unfinished) {
+  const bool may_land = unfinished && (unfinished->state == record_state::in_progress ||
+                                       unfinished->in_doubt_until_us > unfinished->db_now_us);
+  throw storage_error(
+      error_info::of(may_land ? error_class::in_doubt : error_class::unavailable,
+                     codes::storage_unavailable,
+                     unfinished ? "the database refused to take up this key's unfinished "
+                                  "request; retry later with the same key"
+                                : "the database could not read this key's record; retry later "
+                                  "with the same key")
+          .with_internal(e.info().internal));
+}
+
 // An unfinished record begun through a handler that this manager cannot
 // resume it with: another server (or its completer) can. Retryable: the
 // request is the client's own (its payload matched), and a final answer
@@ -228,9 +253,10 @@ std::int64_t wait_after(std::int64_t backoff_us, const std::optional<error_info>
   if (!failure || !failure->retry_after || *failure->retry_after <= default_retry_after) {
     return backoff_us;
   }
-  const std::int64_t asked = micros(*failure->retry_after);
-  return std::max(backoff_us,
-                  std::min(asked, micros(std::max(c.retry_backoff_max, c.in_doubt_window))));
+  // Capped before it is converted (found in review: milliseconds::max(),
+  // "forever", overflowed in microseconds).
+  const auto most = std::max(c.retry_backoff_max, c.in_doubt_window);
+  return std::max(backoff_us, micros(std::min(*failure->retry_after, most)));
 }
 
 /// Best-effort, fenced: releases this attempt's lease so a retry need not wait
@@ -455,6 +481,9 @@ struct after_rpc {
   using failure_type = std::optional<error_info>;
   const failure_type& failure;  ///< the RPC's outcome (nullopt: success)
   std::int64_t backoff_us;
+  /// A call downstream ran just before (false: a parking or a final record
+  /// written after the last call was recorded).
+  bool after_a_call = true;
 };
 
 /// Transaction 2 of an attempt, or of one step of it: `write` runs the
@@ -471,7 +500,19 @@ void record_after_rpc(const after_rpc& w,
   const bool rpc_in_doubt = w.failure && w.failure->in_doubt();
   const phase_timer timed(w.c, w.ctx.shard, request_phase::record);
   const auto leave = [&](std::string_view why) {
-    if (!rpc_in_doubt) {
+    if (!w.failure && w.after_a_call) {
+      // The call succeeded, and the record does not say so (found in
+      // review: an operator's cancel, or resolve, was taken at once, and a
+      // step that took money was neither recorded nor undone). The record
+      // says so, and holds them off for the in-doubt window, while a retry
+      // (is_retry: it asks downstream first) records what happened. Marked
+      // while the lease is still this attempt's, before the release: an
+      // operator never finds it released and unmarked (found in review).
+      mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window));
+      release_quietly(w.s, w.id, w.owner,
+                      "the call succeeded, but recording its result failed: " + std::string(why),
+                      w.ctx, w.backoff_us, w.a.step());
+    } else if (!rpc_in_doubt) {
       release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
     } else {
       note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner,
@@ -534,7 +575,16 @@ void record_after_rpc(const after_rpc& w,
     // recording after an in-doubt RPC answered storage_unavailable or
     // post_rpc_failed, not in doubt, with a Retry-After of a second, and the
     // client came back into 409s, spending its attempts).
-    if (e.retryable() && !rpc_in_doubt) throw;  // a storage_error, as callers read it
+    if (e.retryable() && !rpc_in_doubt) {
+      // A storage_error, as callers read it, that says to keep the key
+      // (found in review: "retry later" alone, after the RPC ran; a client
+      // that makes a key per submission would charge again).
+      error_info same_key = e.info();
+      same_key.message =
+          "the database is unavailable and the result was not recorded; retry "
+          "later with the same key";
+      throw storage_error(std::move(same_key));
+    }
     // (From here the call is in doubt, or the error permanent.) The COMMIT's
     // own doubt: if it landed, hold_until() held the key to the attempt's
     // deadline only (a longer Retry-After could outlast the client's
@@ -670,9 +720,12 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
   for (int round = 0; round < 8; ++round) {
     // 1. Replay fast path: one read, no transaction, no lock.
     std::optional<record> seen;
-    {
+    try {
       const phase_timer timed(config_, ctx.shard, request_phase::read);
       seen = store_.read(id);
+    } catch (const storage_error& e) {
+      if (e.retryable()) throw;
+      throw_refused_on_held_key(e, std::nullopt);
     }
     if (seen) {
       if (replay_cache_) replay_cache_->put(id, *seen, read_at, read_started);  // terminal ones
@@ -987,6 +1040,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       if (e.in_doubt()) {
         release_quietly(store_, id, owner, e.what(), ctx, backoff_us(attempt_number));
       }
+      // A new key's refusal is final: nothing of it was kept (the
+      // application's own bad SQL in Pre-RPC, say). Not a held key's.
+      if (seen && !e.retryable()) throw_refused_on_held_key(e, seen);
       throw;
     }
     if (acquired) note(config_, ctx.shard, *acquired);
@@ -1228,7 +1284,7 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
                        why,        false};
     try {
       record_after_rpc(
-          {store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
+          {store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff, /*after_a_call=*/false},
           [&](detail::record_tx& t, tx&) {
             if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
               return false;
@@ -1260,7 +1316,8 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
       failed_step != nullptr ? failed_step->step() : std::string_view(f.progress.failed_step),
       f.ctx.runner == runner_completer, f.earlier_may_land_until);
   response r;
-  record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff_us(f.number)},
+  record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff_us(f.number),
+                    /*after_a_call=*/false},
                    [&](detail::record_tx& t, tx& handler_tx) {
                      r = f.flow.failed(handler_tx, a, failure);
                      return t.finish(f.id, f.owner, record_state::failed, r, reason_of(failure),

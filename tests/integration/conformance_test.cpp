@@ -1485,6 +1485,106 @@ TEST_P(Conformance, AnOlderHandlerVersionParksANewerVersionsSpentRecord) {
   EXPECT_EQ(v1.runs, 0);
 }
 
+// Found in review: SQLite prepared the first statement of a text holding two
+// and ignored the second, so a handler's second write was dropped without a
+// word (MySQL refuses such text). Both backends refuse it, and run neither.
+TEST_P(Conformance, SqlTextHoldingTwoStatementsIsRefusedAndRunsNeither) {
+  const std::string first = scope_ + "/two-1";
+  const std::string second = scope_ + "/two-2";
+  const std::string insert = "INSERT INTO test_payments (id, amount) VALUES ";
+  for (const std::string& sql :
+       {insert + "('" + first + "', 1); " + insert + "('" + second + "', 2)",
+        insert + "('" + first + "', 1);;SELECT 1"}) {
+    auto t = store_->begin_on_shard(0);
+    try {
+      t->execute(sql);
+      ADD_FAILURE() << "ran: " << sql;
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << e.what();
+    }
+    t->rollback();
+  }
+  EXPECT_EQ(app_amount(first), -1);
+  EXPECT_EQ(app_amount(second), -1);
+  // One statement with blanks and a comment after it is one statement.
+  const std::string one = scope_ + "/one";
+  auto t = store_->begin_on_shard(0);
+  t->execute(insert + "('" + one + "', 1); -- the only one\n ");
+  t->commit();
+  EXPECT_EQ(app_amount(one), 1);
+}
+
+// Found in review: a permanent database error while taking up a key that is
+// not new was answered as final (500, "do not retry"), though the key was
+// held by an unfinished request the completer goes on with: a client told so
+// could pay again under a new key. A record that does not read, the same.
+// A new key's permanent refusal stays final: nothing of it was kept.
+TEST_P(Conformance, APermanentDatabaseErrorOnAKeyThatIsNotNewIsRetryable) {
+  test::forwarding_store fs(*store_);
+  manager m(fs, short_lease());
+  const auto rid = id("held");
+  leave_crashed_attempt(*store_, rid, R"({"id":"p","amount":100})", 1000);
+  std::this_thread::sleep_for(20ms);
+  counters c;
+  const auto refuse = [](std::string_view statement) {
+    return [statement](std::string_view name) {
+      if (name == statement) throw storage_error::permanent("injected: a revoked grant");
+    };
+  };
+  const auto paid = [](const attempt&, const payment&) { return std::string("ch"); };
+  fs.on_statement = refuse("take_lease");
+  try {
+    pay(m, rid, c, paid);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_TRUE(e.in_doubt()) << "the crashed attempt's call may still land: " << e.what();
+    EXPECT_NE(e.info().message.find("same key"), std::string::npos) << e.info().message;
+  }
+  fs.on_statement = refuse("read");
+  try {
+    pay(m, rid, c, paid);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << "the key's record did not read: " << e.what();
+  }
+  EXPECT_EQ(store_->inspect(rid)->state, record_state::in_progress);
+  EXPECT_EQ(c.rpc.load(), 0) << "no RPC ran";
+  fs.on_statement = refuse("insert");
+  try {
+    pay(m, id("new"), c, paid);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_FALSE(e.retryable()) << "a new key's refusal is final: " << e.what();
+  }
+  fs.on_statement = nullptr;
+  EXPECT_EQ(pay(m, rid, c, paid).status, 201) << "once the database takes it, the retry goes on";
+}
+
+// Found in review: a database outage while recording, after the RPC ran,
+// said "retry later" alone; a client that makes a key per submission would
+// charge again. It says to keep the key.
+TEST_P(Conformance, AnOutageAfterTheRpcRanSaysToRetryWithTheSameKey) {
+  test::forwarding_store fs(*store_);
+  manager m(fs, short_lease());
+  counters c;
+  fs.on_statement = [](std::string_view name) {
+    if (name == "finish") throw storage_error::transient("injected: the server went away");
+  };
+  try {
+    pay(m, id("outage"), c);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_EQ(e.code(), codes::storage_unavailable);
+    EXPECT_NE(e.info().message.find("same key"), std::string::npos) << e.info().message;
+  }
+  EXPECT_EQ(c.rpc.load(), 1);
+  fs.on_statement = nullptr;
+  EXPECT_EQ(pay(m, id("outage"), c).status, 201);
+  EXPECT_EQ(c.retries, (std::vector<bool>{false, true})) << "the retry asks downstream first";
+}
+
 // A crashed attempt of `handler`, then one completer pass while taking
 // over its lease throws what `inject` throws. `runs`: the handler's runs.
 completer_pass a_pass_failing_at_take_lease(store& s, const config& cfg, const request_id& rid,
@@ -1506,10 +1606,11 @@ completer_pass a_pass_failing_at_take_lease(store& s, const config& cfg, const r
   return pass;
 }
 
-// Found in review: a final error that recorded nothing (here a permanent
-// storage error as the completer's attempt takes the lease) was counted as
-// finished; the record is due again later, so it is "retrying".
-TEST_P(Conformance, TheCompleterCountsAFinalErrorThatRecordedNothingAsRetrying) {
+// Found in review: an error that recorded nothing (here a permanent storage
+// error as the completer's attempt takes the lease, once final, now
+// retryable: APermanentDatabaseErrorOnAKeyThatIsNotNewIsRetryable) was
+// counted as finished; the record is due again later, so it is "retrying".
+TEST_P(Conformance, TheCompleterCountsAnErrorThatRecordedNothingAsRetrying) {
   int runs = -1;
   const auto pass = a_pass_failing_at_take_lease(
       *store_, short_lease(), id("unlucky"), "count-" + scope_.substr(6),
@@ -2374,8 +2475,11 @@ TEST_P(Conformance, APreRpcResultThatDoesNotReadBackIsRefusedAndNothingIsRecorde
 // Issue 9 (fuzzing): a recorded response whose headers column is not the
 // JSON finish() writes (a corrupt or hand-edited row) made every read of the
 // record throw nlohmann's parse_error or type_error out of process(), which
-// promises orpheus::error. It is an unreadable row: a non-retryable
-// storage_error, on the replay fast path and on the full read alike.
+// promises orpheus::error. It is an unreadable row: a storage_error, on the
+// replay fast path and on the full read alike. To the client it is
+// retryable, with the same key (found in review: a final 500 told a client
+// whose payment was made that its request failed; it could pay again under
+// a new key): an operator who mends the row lets the retry replay it.
 TEST_P(Conformance, AnUnreadableRecordedResponseIsAStorageError) {
   manager m(*store_);
   const auto rid = id("corrupt-headers");
@@ -2394,8 +2498,10 @@ TEST_P(Conformance, AnUnreadableRecordedResponseIsAStorageError) {
       pay(m, rid, c);
       ADD_FAILURE() << "replayed a record whose headers are " << headers;
     } catch (const storage_error& e) {
-      EXPECT_FALSE(e.retryable()) << headers;
-      EXPECT_EQ(e.code(), codes::storage_error) << headers;
+      EXPECT_TRUE(e.retryable()) << headers;
+      EXPECT_FALSE(e.in_doubt()) << headers;
+      EXPECT_EQ(e.code(), codes::storage_unavailable) << headers;
+      EXPECT_NE(e.info().message.find("same key"), std::string::npos) << e.info().message;
     }
     EXPECT_THROW((void)store_->inspect(rid), storage_error) << headers;
   }

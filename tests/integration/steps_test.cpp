@@ -644,6 +644,50 @@ TEST_P(Steps, CancelBeforeThePivotCompensatesAndAfterItIsRefused) {
   EXPECT_FALSE(ops.cancel(scope_, "single", "no").ok());
 }
 
+// Found in review: a step whose call succeeded but whose record then failed
+// to commit left the request retryable with nothing to show for it, and an
+// operator's cancel was taken at once: the authorisation was neither
+// recorded nor voided, and the client was told "cancelled". The record says
+// the call succeeded, and holds a cancel off for the in-doubt window while a
+// retry records what happened.
+TEST_P(Steps, AStepThatSucceededButWasNotRecordedHoldsOffACancel) {
+  config cfg = quick();
+  cfg.in_doubt_window = std::chrono::hours(1);
+  manager m(*store_, cfg);
+  admin ops(*store_, cfg);
+  fake_bank bank;
+  const auto f = flow_of(bank, {"authorise", "capture"}, 1, {"authorise"});
+  const std::string oid = scope_ + "/k1";
+  {
+    auto t = store_->begin_on_shard(0);  // authorise's own row: its Post-RPC fails
+    t->execute("INSERT INTO step_rows (id, step, result) VALUES (?, 'authorise', 'x')", oid);
+    t->commit();
+  }
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::post_rpc_failed) << e.what();
+  }
+  EXPECT_EQ(bank.effects["authorise"], 1);
+  const auto shown = ops.show(scope_, "k1");
+  ASSERT_TRUE(shown);
+  EXPECT_EQ(shown->rec.state, record_state::retryable);
+  EXPECT_NE(shown->rec.last_error.find("call succeeded"), std::string::npos)
+      << shown->rec.last_error;
+  const auto held = ops.cancel(scope_, "k1", "customer asked");
+  EXPECT_FALSE(held.ok()) << "cancelled while the authorisation is not recorded";
+  EXPECT_EQ(store_->inspect(id("k1"))->state, record_state::retryable);
+  {
+    auto t = store_->begin_on_shard(0);
+    t->execute("DELETE FROM step_rows WHERE id = ?", oid);
+    t->commit();
+  }
+  EXPECT_EQ(run(m, id("k1"), f).status, 201) << "the retry records it and goes on";
+  EXPECT_EQ(bank.effects["authorise"], 1) << "asked again under its downstream key";
+  EXPECT_EQ(bank.effects["capture"], 1);
+}
+
 // docs/steps.md: a cancelled request of a registered handler is sent
 // backwards by its next attempt, a completer's too: the client need not
 // come back.

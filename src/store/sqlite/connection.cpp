@@ -66,6 +66,15 @@ connection::connection(const sqlite_options& o) {
     db_ = nullptr;
     throw storage_error::transient("sqlite: cannot open " + o.path + ": " + msg);
   }
+  // SQLite opens a file it may not write read-only, without a word (found
+  // in review: the store started, and every write failed).
+  if (sqlite3_db_readonly(db_, "main") == 1) {
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw storage_error::transient("sqlite: " + o.path +
+                                   " can only be opened read-only (its permissions, or a "
+                                   "read-only file system); nothing was written");
+  }
   // The busy handler only matters between processes now: threads of this
   // process take turns on one writer connection (single_writer).
   sqlite3_busy_timeout(db_, static_cast<int>(o.busy_timeout.count()));
@@ -129,9 +138,25 @@ sqlite3_stmt* connection::prepare(std::string_view sql) {
     return cached;
   }
   sqlite3_stmt* stmt = nullptr;
-  const int rc = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+  const char* tail = nullptr;
+  const int rc = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, &tail);
   if (rc != SQLITE_OK) throw_sqlite(db_, rc, "prepare");
-  return cache_.add(sql, statement(stmt));
+  statement first(stmt);
+  // One statement per call (found in review: SQLite prepares the first of
+  // several and ignores the rest, so a handler's second statement was
+  // dropped without a word, while MySQL refuses such text). What follows it
+  // may only be blanks and comments: preparing those gives no statement.
+  const auto rest = static_cast<int>(sql.data() + sql.size() - tail);
+  sqlite3_stmt* next = nullptr;
+  const int more = rest > 0 ? sqlite3_prepare_v2(db_, tail, rest, &next, nullptr) : SQLITE_OK;
+  const statement second(next);
+  if (!first || more != SQLITE_OK || second) {
+    throw storage_error::permanent(
+        std::string("sqlite: ") +
+        (first ? "the SQL text holds more than one statement; run each on its own"
+               : "the SQL text holds no statement"));
+  }
+  return cache_.add(sql, std::move(first));
 }
 
 sql_rows connection::run(std::string_view sql, std::span<const sql_value> params) {

@@ -7,9 +7,13 @@
 //    the lock, an I/O error, a full disk, a file that cannot be opened right
 //    now, a WAL locking protocol race, out of memory) is retryable. Outside
 //    COMMIT nothing of the transaction committed, so retrying is safe.
-//  - Any other result (constraint, SQL error, misuse, corruption, a read-only
-//    file, ...) is permanent: the same statement will be refused again, and
-//    retrying it forever hides a bug.
+//  - So is what an operator puts right rather than the request: a read-only
+//    or moved file, a permission, a schema changed under the statement (the
+//    MySQL classifier's revoked grant, read-only server and metadata race;
+//    found in review: a payment told not to retry goes through once fixed).
+//  - Any other result (constraint, SQL error, misuse, corruption, ...) is
+//    permanent: the same statement will be refused again, and retrying it
+//    forever hides a bug.
 //  - COMMIT is the exception: any failure of COMMIT, whatever the code, is in
 //    doubt and retryable. Some of them certainly did not commit (a BUSY COMMIT
 //    leaves the transaction open, and single_writer then rolls it back), but
@@ -50,6 +54,9 @@ struct verdict {
     case SQLITE_CANTOPEN:  // the file or its journal cannot be opened now
     case SQLITE_PROTOCOL:  // a WAL locking race between processes
     case SQLITE_NOMEM:     // out of memory
+    case SQLITE_READONLY:  // the file (or its WAL) cannot be written now, or was moved
+    case SQLITE_PERM:      // access permission denied
+    case SQLITE_SCHEMA:    // the schema changed under the statement
       return verdict{.retryable = true, .in_doubt = false};
     default:
       return verdict{.retryable = false, .in_doubt = false};
