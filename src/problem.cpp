@@ -50,8 +50,15 @@ int http_status_of(const error_info& e) noexcept {
       if (e.code == code) status = s;
     }
   }
-  // "Try again later": a client does not retry other 4xx answers.
-  if (e.retryable() && status < 500 && status != 409 && status != 429) status = 503;
+  // "Try again later": a client does not retry other 4xx answers, nor 501
+  // (found in review: a handler's retryable 501 went out as it was, and
+  // HTTP clients gave up). 429 says the request was not acted on: never of a
+  // call that may have been (found in review: a client took an in-doubt
+  // 429 for "nothing happened").
+  if (e.retryable() && ((status < 500 && status != 409 && status != 429) || status == 501 ||
+                        (status == 429 && e.in_doubt()))) {
+    status = 503;
+  }
   return status;
 }
 

@@ -195,6 +195,35 @@ TEST_F(Middleware, AFailureToIdentifyTheCallerIsARetryableProblemAnswer) {
   }
 }
 
+// Found in review: a handler's retry_after went out unchecked, so
+// milliseconds::max() ("forever") overflowed and a negative wait went out as
+// a negative Retry-After. Whole seconds from 0 to a day.
+TEST_F(Middleware, AHandlersRetryAfterGoesOutBetweenZeroAndADay) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  for (const auto& [asked, sent] : std::vector<std::pair<std::chrono::milliseconds, std::string>>{
+           {std::chrono::milliseconds::max(), "86400"},
+           {std::chrono::milliseconds(-5000), "0"},
+           {std::chrono::milliseconds(1500), "2"}}) {
+    SCOPED_TRACE(sent);
+    middleware_options o;
+    o.scope = [asked = asked](const http_request&) -> std::optional<std::string> {
+      throw error(error_info::of(error_class::unavailable, "key_store_busy", "busy")
+                      .with_retry_after(asked));
+    };
+    middleware mw(*m_, pool, std::move(o));
+    std::promise<http_response> answer;
+    mw.handle(
+        post("k1", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
+        [&](const attempt&, const http_request&) {
+          return http_response{http::status::created, 11};
+        });
+    const auto res = answer.get_future().get();
+    EXPECT_EQ(res.result_int(), 503U);
+    EXPECT_EQ(res[http::field::retry_after], sent);
+  }
+}
+
 TEST_F(Middleware, ANoContentAnswerWithABodyAndAThrowingObserverStillAnswer) {
   m_ = std::make_unique<manager>(*store_);
   work_pool pool(2, 16);

@@ -131,6 +131,16 @@ TEST(Codes, HttpStatusOfHonoursTheHandlersStatus) {
   EXPECT_EQ(http_status_of(retryable_error("busy", "m", 409).info()), 409);
   EXPECT_EQ(http_status_of(retryable_error("odd", "m", 404).info()), 503);
   EXPECT_EQ(http_status_of(retryable_error("bad_gateway", "m", 502).info()), 502);
+  // Found in review: clients do not retry 501, and take 429 for "not acted
+  // on": a retryable 501, or an in-doubt 429, goes out as 503.
+  EXPECT_EQ(http_status_of(retryable_error("odd", "m", 501).info()), 503);
+  EXPECT_EQ(
+      http_status_of(error_info::of(error_class::in_doubt, "bank_busy", "m").with_http_status(501)),
+      503);
+  EXPECT_EQ(
+      http_status_of(error_info::of(error_class::in_doubt, "bank_busy", "m").with_http_status(429)),
+      503);
+  EXPECT_EQ(http_status_of(non_retryable_error("odd", "m", 501).info()), 501);
   // A library code's own status goes with the class the library gives it: a
   // handler's final failure named gateway_error is not a 502 (found in review).
   EXPECT_EQ(http_status_of(non_retryable_error(codes::gateway_error, "m").info()), 422);

@@ -41,6 +41,8 @@ constexpr row table[] = {
   {1213, "40001", F, T,   T, F, F, T, "deadlock, innodb_rollback_on_timeout changes nothing"},
   {1205, "HY000", F, F,   T, F, F, F, "lock wait timeout: only the statement is rolled back"},
   {1205, "HY000", F, T,   T, F, F, T, "lock wait timeout under innodb_rollback_on_timeout"},
+  {3572, "HY000", F, F,   T, F, F, F, "MySQL 8 NOWAIT found the row locked (found in review: final)"},
+  {3572, "HY000", F, T,   T, F, F, F, "NOWAIT: innodb_rollback_on_timeout is about waits"},
   {1206, "HY000", F, F,   T, F, F, T, "lock table full: the transaction is rolled back"},
   {1969, "70100", F, F,   T, F, F, F, "max_statement_time (MariaDB)"},
   {3024, "HY000", F, F,   T, F, F, F, "max_execution_time (MySQL)"},
@@ -92,7 +94,6 @@ constexpr row table[] = {
   {1064, "42000", F, F,   F, F, F, F, "syntax error"},
   {1146, "42S02", F, F,   F, F, F, F, "no such table"},
   {1180, "HY000", F, F,   F, F, F, F, "error during COMMIT, outside COMMIT"},
-  {3572, "HY000", F, F,   F, F, F, F, "MySQL 8 FOR UPDATE NOWAIT: not in the list"},
   // Unknown server errors: permanent (bug 14: they used to be retried) ...
   {1234, "42000", F, F,   F, F, F, F, "unknown server code"},
   {1234, "",      F, F,   F, F, F, F, "unknown server code, no SQLSTATE"},

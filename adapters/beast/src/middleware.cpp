@@ -251,7 +251,11 @@ http_response middleware::error_response(const error_info& e, const std::string&
   res.body() = p.body;
   if (p.status == 401) res.set(http::field::www_authenticate, options_.www_authenticate);
   if (e.retryable()) {
-    const auto after = e.retry_after.value_or(std::chrono::milliseconds(1000));
+    // Whole seconds, rounded up, from 0 to a day (found in review: a
+    // handler's milliseconds::max() overflowed, a negative wait went out).
+    const auto after =
+        std::clamp(e.retry_after.value_or(std::chrono::milliseconds(1000)),
+                   std::chrono::milliseconds(0), std::chrono::milliseconds(std::chrono::hours(24)));
     res.set(http::field::retry_after, std::to_string((after.count() + 999) / 1000));
   }
   if (!key.empty()) {

@@ -120,9 +120,13 @@ bool holds(const google::protobuf::Any& any, std::string_view type_url) {
   if (in_doubt) (*info.mutable_metadata())["in_doubt"] = "true";
   pack(details, error_info_type, info);
   if (retry_after) {
+    // From 0 to a day, as the HTTP front end's Retry-After (found in review:
+    // a negative wait gave negative nanos, which no client reads).
+    const auto after = std::clamp(*retry_after, std::chrono::milliseconds(0),
+                                  std::chrono::milliseconds(std::chrono::hours(24)));
     google_rpc::RetryInfo retry;
-    retry.mutable_retry_delay()->set_seconds(retry_after->count() / 1000);
-    retry.mutable_retry_delay()->set_nanos(static_cast<int>(retry_after->count() % 1000) * 1000000);
+    retry.mutable_retry_delay()->set_seconds(after.count() / 1000);
+    retry.mutable_retry_delay()->set_nanos(static_cast<int>(after.count() % 1000) * 1000000);
     pack(details, retry_info_type, retry);
   }
   return {code, message, details.SerializeAsString()};

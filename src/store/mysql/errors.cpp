@@ -47,6 +47,7 @@ bool sqlstate_class(const sql::SQLException& e, const char* cls) noexcept {
 bool transient_server_code(int code) noexcept {
   switch (code) {
     case 1205:  // lock wait timeout (and FOR UPDATE NOWAIT on MariaDB)
+    case 3572:  // FOR UPDATE NOWAIT found the row locked (MySQL 8; found in review)
     case 1213:  // deadlock: the transaction was rolled back
     case 1206:  // lock table full: the transaction was rolled back
     case 1969:  // max_statement_time exceeded (MariaDB)
