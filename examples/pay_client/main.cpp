@@ -124,7 +124,22 @@ int main(int argc, char** argv) {
     if (!journal_path.empty()) {
       journal =
           std::make_unique<orpheus::client::sqlite_key_journal>(journal_path, journal_options);
-      const auto entry = journal->entry_for(name, orpheus::fingerprint_of(body));
+      // The name is bound to where the request goes and as whom, not only
+      // to its body (found in review: resumed with another --client or
+      // --server, the key went to a scope or a store without its record,
+      // and ran as a new payment). The API key is hashed in, not stored.
+      const std::string caller = api_key.empty() ? "client " + client : "api key " + api_key;
+      const auto bound = orpheus::fingerprint_of(server + "\n" + caller + "\n" + body);
+      const auto entry = [&] {
+        try {
+          return journal->entry_for(name, bound);
+        } catch (const orpheus::client::payload_changed&) {
+          // An entry an older pay_client wrote, bound to the body alone: it
+          // is resumed as that one would (a refusal would send a new key
+          // for a payment that may be made).
+          return journal->entry_for(name, orpheus::fingerprint_of(body));
+        }
+      }();
       key = entry.key;
       resuming = entry.resumed;
     }

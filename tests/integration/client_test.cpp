@@ -205,6 +205,9 @@ TEST(Client, HonoursRetryAfterOn409InSecondsAndAsAnHttpDate) {
 TEST(Client, ParsesRetryAfter) {
   const auto now = std::chrono::system_clock::from_time_t(784111777);  // 06 Nov 1994 08:49:37
   EXPECT_EQ(parse_retry_after("120", now), 120s);
+  // Found in review: leading zeros are allowed, and were read as a year.
+  EXPECT_EQ(parse_retry_after("0000000001", now), 1s);
+  EXPECT_EQ(parse_retry_after("000", now), 0s);
   EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now), 10s);
   EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:00 GMT", now), 0ms);
   EXPECT_FALSE(parse_retry_after("soon", now));
@@ -334,6 +337,17 @@ TEST(Client, AFinalAnswerAfterALostOneDoesNotSettleTheRequest) {
        true},
       {"lost answer, then 201", {{0, {}, 0ms, true}, {201}}, true, true},
       {"429 and 408 (not acted on), then 401", {{429}, {408}, {401}}, false, true},
+      // Found in review: a 429 whose problem body says it is in doubt was
+      // taken for "not acted on".
+      {"a 429 that says it is in doubt, then 401",
+       {{429,
+         {{"Content-Type", "application/problem+json"}},
+         0ms,
+         false,
+         R"({"retryable":true,"in_doubt":true})"},
+        {401}},
+       true,
+       false},
       {"401 at once", {{401}}, false, true},
   };
   for (const auto& s : stories) {
@@ -939,6 +953,29 @@ TEST(Journal, AClientKilledMidRequestResumesWithTheSameKey) {
   EXPECT_EQ("key " + seen[1].first, first_key);
   sqlite_key_journal j((dir / "keys.db").string());
   EXPECT_TRUE(j.pending().empty()) << "completed after the final answer";
+  std::filesystem::remove_all(dir);
+}
+
+// Found in review: the journal bound a name to the request's body only.
+// Resumed as another caller (or against another server), the key went to a
+// scope without its record, and ran there as a new payment.
+TEST(Journal, AnEntryResumedAsAnotherCallerIsRefusedNotSent) {
+  scripted_server s({}, {503});  // never settled: the entry stays pending
+  const auto dir = std::filesystem::temp_directory_path() / ("journal-" + test::random_hex());
+  std::filesystem::create_directories(dir);
+  auto argv = pay_client_argv(s.endpoint().port, dir, "order-16/pay", {"--attempts", "1"});
+  test::child_process first(argv);
+  EXPECT_EQ(first.wait(), 3);
+  ASSERT_EQ(s.seen().size(), 1U);
+  argv[4] = "c2";  // --client
+  test::child_process other(argv, /*with_stderr=*/true);
+  EXPECT_EQ(other.wait(), 2);
+  EXPECT_EQ(s.seen().size(), 1U) << "nothing sent as the other caller";
+  argv[4] = "c1";
+  test::child_process same(argv);
+  EXPECT_EQ(same.wait(), 3) << "the same caller resumes it";
+  ASSERT_EQ(s.seen().size(), 2U);
+  EXPECT_EQ(s.seen()[0], s.seen()[1]) << "same key, same body";
   std::filesystem::remove_all(dir);
 }
 

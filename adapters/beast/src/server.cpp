@@ -29,7 +29,10 @@ namespace net = boost::asio;
 namespace http = boost::beast::http;
 using tcp = net::ip::tcp;
 
-bool says_final(const http_response& res) {
+namespace {
+
+// The boolean member `name` of a problem+json answer, if it has one.
+std::optional<bool> problem_flag(const http_response& res, std::string_view name) {
   // Media types are case-insensitive (RFC 9110 section 8.3.1; found in
   // review: "Application/Problem+JSON" read as not final, and was retried).
   constexpr std::string_view problem_json = "application/problem+json";
@@ -37,13 +40,20 @@ bool says_final(const http_response& res) {
   if (type.size() < problem_json.size() ||
       !boost::beast::iequals(type.substr(0, problem_json.size()),
                              boost::beast::string_view(problem_json.data(), problem_json.size()))) {
-    return false;
+    return std::nullopt;
   }
   const auto problem = nlohmann::json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
-  if (!problem.is_object()) return false;
-  const auto it = problem.find("retryable");
-  return it != problem.end() && it->is_boolean() && !it->get<bool>();
+  if (!problem.is_object()) return std::nullopt;
+  const auto it = problem.find(name);
+  if (it == problem.end() || !it->is_boolean()) return std::nullopt;
+  return it->get<bool>();
 }
+
+}  // namespace
+
+bool says_final(const http_response& res) { return problem_flag(res, "retryable") == false; }
+
+bool says_in_doubt(const http_response& res) { return problem_flag(res, "in_doubt") == true; }
 
 http_response make_response(unsigned status, std::string body, const std::string& content_type) {
   http_response r{static_cast<http::status>(status), 11};

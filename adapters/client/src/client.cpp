@@ -104,9 +104,12 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
   // before any stop (found in review: a call that stopped here on its
   // attempt cap said nothing was in doubt, and the request, sent again and
   // answered 401, was settled()), and in the request, for its later sends.
+  // An answer that says it is in doubt arrived, whatever its status (found
+  // in review: an in-doubt 429 was taken for "not acted on").
   const bool arrived =
       info.status != 0
-          ? info.kind == error_kind::conflict || info.kind == error_kind::server
+          ? info.kind == error_kind::conflict || info.kind == error_kind::server ||
+                (result_.response && beast::says_in_doubt(*result_.response))
           : may_have_arrived(failure ? failure->error_kind() : transport_failure::closed);
   if (arrived) {
     result_.earlier_attempt_in_doubt = true;

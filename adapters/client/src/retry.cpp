@@ -63,6 +63,9 @@ std::optional<std::chrono::milliseconds> parse_retry_after(
   while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
   if (v.empty()) return std::nullopt;
   if (std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    // 1*DIGIT: leading zeros are allowed (found in review: "0000000001" was
+    // read as longer than a year).
+    while (v.size() > 1 && v.front() == '0') v.remove_prefix(1);
     if (v.size() > 9) return std::chrono::hours(24 * 365);  // absurd: clamp, do not overflow
     return std::chrono::seconds(std::stol(std::string(v)));
   }

@@ -175,7 +175,8 @@ class http_client {
                      delivery d = delivery::at_most_once);
 
   /// The same, without blocking: `done` is called once, on the client's io
-  /// thread (it must not block), with the answer or the error.
+  /// thread (it must not block, nor throw: an exception from it ends the
+  /// process), with the answer or the error.
   void async_send(const http_endpoint& to, http_request req, std::chrono::milliseconds timeout,
                   std::function<void(http_result)> done, delivery d = delivery::at_most_once);
 

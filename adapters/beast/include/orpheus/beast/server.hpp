@@ -108,6 +108,11 @@ http_response drop_connection();
 /// status. "yes", 1, null or a body that is not JSON do not count.
 [[nodiscard]] bool says_final(const http_response& res);
 
+/// True when `res` is application/problem+json whose "in_doubt" member is
+/// the JSON boolean true: the request reached a server that may have acted
+/// on it, whatever the status (a 429, say, which otherwise means not).
+[[nodiscard]] bool says_in_doubt(const http_response& res);
+
 /// A response with a body and a Content-Type.
 http_response make_response(unsigned status, std::string body,
                             const std::string& content_type = "text/plain");
