@@ -153,7 +153,10 @@ admin_result admin::requeue(std::string_view scope, std::string_view key, std::s
     return refused(*r, "only a parked request can be requeued");
   }
   const lease_terms terms = terms_for(*r, config_);
-  t->requeue(id, "requeued: " + std::string(note), terms);
+  if (!t->requeue(id, "requeued: " + std::string(note), terms)) {
+    t->rollback();  // not reached: checked under the lock, as cancel()
+    return refused(*r, "its state changed under the lock");
+  }
   t->commit();
   return {};
 }

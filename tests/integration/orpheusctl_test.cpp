@@ -231,6 +231,13 @@ TEST_P(Orpheusctl, KeysThatStartWithADashAreNamedAfterTheEndOfOptions) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(store_->inspect(id("--note"))->state, record_state::retryable);
   EXPECT_EQ(store_->inspect(id("-h"))->state, record_state::parked) << "another key changed";
+  // Found in review: "-h" or "--help" anywhere before "--" printed the
+  // usage and exited 0, and a script took the command as done.
+  for (const std::string help : {"-h", "--help"}) {
+    r = ctl({"--json", "requeue", scope_, help, "--note", "x"});
+    EXPECT_EQ(r.code, 2) << help << ": " << r.out;
+    EXPECT_EQ(store_->inspect(id("-h"))->state, record_state::parked) << help;
+  }
 }
 
 TEST_P(Orpheusctl, CancelsAMultiStepRequestBeforeItsPivotOnly) {

@@ -121,7 +121,13 @@ struct arguments {
         options_end = true;
         continue;
       }
-      if (a == "-h") throw usage_failure("");
+      // Help only when asked alone (found in review: "-h" among a
+      // command's arguments, a key, printed the usage and exited 0, and a
+      // script took the command as done).
+      if (a == "-h" || a == "--help") {
+        if (argc == 2) throw usage_failure("");
+        throw usage_failure(a + " is given alone; a key that begins with '-' goes after --");
+      }
       if (a.rfind("--", 0) != 0) {
         positional.push_back(a);
         continue;
@@ -130,7 +136,6 @@ struct arguments {
       const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
       const auto k = known.find(name);
       if (k == known.end()) throw usage_failure("unknown flag --" + name);
-      if (name == "help") throw usage_failure("");
       if (!k->second) {
         if (eq != std::string::npos) throw usage_failure("--" + name + " takes no value");
         json = json || name == "json";

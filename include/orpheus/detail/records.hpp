@@ -145,7 +145,7 @@ class record_tx {
   /// A parked record becomes retryable with a fresh budget: attempts made so
   /// far stop counting against the cap, and the retry window starts again.
   /// Returns false, changing nothing, when the record is not parked.
-  bool requeue(const request_id& id, std::string_view note, const lease_terms& terms);
+  [[nodiscard]] bool requeue(const request_id& id, std::string_view note, const lease_terms& terms);
   /// A person cancels a multi-step request before its pivot: the record
   /// becomes retryable with a fresh budget and `recovery_point`, which sends
   /// its next attempt through the compensations. For a parked or retryable
