@@ -49,10 +49,10 @@ constexpr std::string_view runner_completer = "completer";
 // The key is held by a request that is not finished, or its record could not
 // be read at all: an operator's fix (a grant, a schema, a row) lets the
 // retry go on, so it is retryable, and in doubt when an earlier attempt's
-// call may still land. `unfinished` is the record read, when it read. So is
+// call may still land. `unfinished` is the record read, when it read. Not
 // this thread's own misuse on SQLite (a transaction it holds would wait for
-// itself; its internal text says so): the client's retry arrives on another
-// thread, or finds the request finished by the completer.
+// itself): refused as the transaction begins, final, whatever the key (the
+// same code path would only meet it again).
 [[noreturn]] void throw_refused_on_held_key(const storage_error& e,
                                             const std::optional<record>& unfinished) {
   const bool may_land = unfinished && (unfinished->state == record_state::in_progress ||
@@ -317,18 +317,20 @@ void note_in_doubt_quietly(store& s, const request_id& id, std::string_view owne
 /// Best-effort, in a transaction of its own: an attempt whose call is in
 /// doubt lost its lease before it could record so; its call may still land
 /// (record_tx::mark_in_doubt, unfenced). Same caveat as release_quietly.
-void mark_in_doubt_quietly(store& s, const request_id& id, std::int64_t window_us) noexcept {
+/// Returns whether the mark committed.
+bool mark_in_doubt_quietly(store& s, const request_id& id, std::int64_t window_us) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
     if (t->mark_in_doubt(id, "", window_us, 0)) {
       t->commit();
-    } else {
-      t->rollback();
+      return true;
     }
+    t->rollback();
   } catch (const std::exception& e) {
     log(log_level::warning, std::string("could not mark a call in doubt: ") + e.what());
   } catch (...) {  // NOLINT(bugprone-empty-catch): the lease expiry is all that is left
   }
+  return false;
 }
 
 /// Under transaction 2: keeps this attempt's lease until `until` instead of
@@ -506,12 +508,15 @@ void record_after_rpc(const after_rpc& w,
       // step that took money was neither recorded nor undone). The record
       // says so, and holds them off for the in-doubt window, while a retry
       // (is_retry: it asks downstream first) records what happened. Marked
-      // while the lease is still this attempt's, before the release: an
-      // operator never finds it released and unmarked (found in review).
-      mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window));
-      release_quietly(w.s, w.id, w.owner,
-                      "the call succeeded, but recording its result failed: " + std::string(why),
-                      w.ctx, w.backoff_us, w.a.step());
+      // while the lease is still this attempt's, before the release, and
+      // released only once marked: an operator never finds it released and
+      // unmarked (found in review). Unreleased, its lease runs out, and the
+      // attempt that takes it over marks it in doubt.
+      if (mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window))) {
+        release_quietly(w.s, w.id, w.owner,
+                        "the call succeeded, but recording its result failed: " + std::string(why),
+                        w.ctx, w.backoff_us, w.a.step());
+      }
     } else if (!rpc_in_doubt) {
       release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
     } else {
@@ -564,7 +569,7 @@ void record_after_rpc(const after_rpc& w,
       // attempt's call is in doubt it may still land: say so all the same
       // (found in review: a record slow to record its hold lost the mark,
       // and could be parked and resolved while the call could land).
-      if (rpc_in_doubt) mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window));
+      if (rpc_in_doubt) (void)mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window));
       log(log_level::warning, where + ": lease lost before recording; attempt " +
                                   std::to_string(w.a.number()) + " not recorded");
       throw;
@@ -762,6 +767,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     std::string owner = random_token();
     std::optional<error_info> unreadable;      // a take-over that cannot go on
     std::optional<detail::progress> progress;  // a multi-step request's recovery point
+    bool refused_to_begin = false;             // a final refusal of begin_record_tx()
     // What transaction 1 did to the key, told to config::observer once it
     // committed: a new record, or a take-over or retry of an old one.
     std::optional<request_event> acquired;
@@ -817,7 +823,13 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         attempt_number = 1;
         acquired = request_event::new_key;
       } else {
-        auto t = detail::begin_record_tx(store_, id);
+        std::unique_ptr<detail::record_tx> t;
+        try {
+          t = detail::begin_record_tx(store_, id);
+        } catch (const storage_error& e) {
+          refused_to_begin = !e.retryable();  // this thread's misuse: stays final
+          throw;
+        }
         std::optional<record> locked = t->lock(id);
         if (!locked) {  // purged between the read and the lock
           t->rollback();
@@ -1042,7 +1054,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       }
       // A new key's refusal is final: nothing of it was kept (the
       // application's own bad SQL in Pre-RPC, say). Not a held key's.
-      if (seen && !e.retryable()) throw_refused_on_held_key(e, seen);
+      if (seen && !e.retryable() && !refused_to_begin) throw_refused_on_held_key(e, seen);
       throw;
     }
     if (acquired) note(config_, ctx.shard, *acquired);

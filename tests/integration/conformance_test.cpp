@@ -1585,6 +1585,34 @@ TEST_P(Conformance, AnOutageAfterTheRpcRanSaysToRetryWithTheSameKey) {
   EXPECT_EQ(c.retries, (std::vector<bool>{false, true})) << "the retry asks downstream first";
 }
 
+// Found in review: after a call that succeeded and a recording that failed,
+// the attempt marked the record in doubt and released it in two
+// transactions; when only the mark failed, an operator found the record
+// released and unmarked, and could resolve it at once. It is released only
+// once marked; unreleased, its lease runs out.
+TEST_P(Conformance, AnUnrecordedSuccessfulCallIsNeverReleasedUnmarked) {
+  test::forwarding_store fs(*store_);
+  const config cfg = short_lease();
+  manager m(fs, cfg);
+  admin ops(*store_, cfg);
+  fs.on_statement = [](std::string_view name) {
+    if (name == "mark_in_doubt_unfenced") throw storage_error::transient("injected: gone away");
+  };
+  int rpc_calls = 0;
+  try {
+    with_post(m, id("unmarked"), rpc_calls, scope_ + "/unmarked", 1,
+              []() -> response { throw std::runtime_error("Post-RPC failed"); });
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::post_rpc_failed) << e.what();
+  }
+  fs.on_statement = nullptr;
+  EXPECT_EQ(rpc_calls, 1);
+  EXPECT_EQ(store_->inspect(id("unmarked"))->state, record_state::in_progress)
+      << "released without its in-doubt mark";
+  EXPECT_FALSE(ops.resolve(scope_, "unmarked", response{200, {}, "by hand"}, "x").ok());
+}
+
 // A crashed attempt of `handler`, then one completer pass while taking
 // over its lease throws what `inject` throws. `runs`: the handler's runs.
 completer_pass a_pass_failing_at_take_lease(store& s, const config& cfg, const request_id& rid,

@@ -348,6 +348,54 @@ TEST(SqliteStore, AJobWhoseCallerGaveUpIsNeverPutBackInLine) {
   EXPECT_FALSE(row_exists(*s, "b"));
 }
 
+// Found in review (of the change above): a job put back in line and
+// running again while its caller slept, waiting for the lost batch to
+// finish, was taken for one whose batch did not finish: its caller was told
+// "in doubt" and returned while the body ran on, on the caller's stack. The
+// caller waits until its job's body has returned, every time it runs.
+TEST(SqliteStore, AJobRunAgainIsWaitedForUntilItsBodyReturns) {
+  auto s = store_with_table();
+  {
+    auto t = s->begin_on_shard(0);
+    t->execute(
+        "CREATE TRIGGER gc_refuse BEFORE INSERT ON gc_rows WHEN NEW.id = 'bad' "
+        "BEGIN SELECT RAISE(ROLLBACK, 'refused'); END");
+    t->commit();
+  }
+  std::atomic<int> runs{0};
+  std::atomic<bool> returned{false};
+  std::atomic<bool> ran_after_return{false};
+  auto hold = s->begin_on_shard(0);
+  auto j1 = std::async(std::launch::async, [&]() -> std::string {
+    std::string outcome = "committed";
+    try {
+      s->backend().transact(0, [&](backend_tx& t) {
+        if (++runs == 1) throw std::runtime_error("undone on its first run");
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        if (returned) ran_after_return = true;
+        insert_row(t, "j1");
+      });
+    } catch (const std::exception& e) {
+      outcome = e.what();
+    }
+    returned = true;
+    return outcome;
+  });
+  await_waiting(*s, 1);
+  auto bad = failure_of([&s] { insert_as_job(*s, "bad"); });  // ends the batch j1 ran in
+  await_waiting(*s, 2);
+  hold->rollback();
+  ASSERT_EQ(j1.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_EQ(bad.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_EQ(j1.get(), "committed");
+  EXPECT_EQ(runs.load(), 2) << "run again after its batch was lost";
+  EXPECT_FALSE(ran_after_return) << "its body ran after its caller returned";
+  EXPECT_TRUE(row_exists(*s, "j1"));
+  const auto refused = bad.get();
+  ASSERT_TRUE(refused);
+  EXPECT_FALSE(refused->retryable()) << refused->what();
+}
+
 // Found in review: with max_batch_age 0 the writer opened and rolled back
 // empty batches forever and no job ran. The writer always runs the jobs it
 // queued for, as a thread member always joins the batch it is handed.
@@ -1279,6 +1327,19 @@ TEST(SqliteStore, AForeignCommitOfTheBatchIsInDoubtForItsMembersNeverNothingComm
 TEST(SqliteStore, ASecondTransactionOnTheThreadThatHoldsOneIsRefusedAtOnce) {
   auto s = store_with_table();
   manager m(*s);
+  // A key that is not new (retryable) too: found in review, its refusal was
+  // made retryable with the database's refusals of a held key.
+  const request_id held_key{"scope", "nested-held", fingerprint_of("x")};
+  const auto busy_bank = [](const attempt&, int) -> int {
+    throw retryable_error("bank_busy", "try later");
+  };
+  EXPECT_THROW(m.process(
+                   held_key, [](tx&) { return 1; }, busy_bank,
+                   [](tx&, const attempt&, const outcome<int>&) {
+                     return response{200, {}, "ok"};
+                   }),
+               error);
+  ASSERT_EQ(s->inspect(held_key)->state, record_state::retryable);
   auto held = s->begin_on_shard(0);
   insert_row(*held, "held");
   // Before, each waited busy_timeout and was told to retry (waited for the
@@ -1298,6 +1359,13 @@ TEST(SqliteStore, ASecondTransactionOnTheThreadThatHoldsOneIsRefusedAtOnce) {
   refused_at_once("process()", [&] {
     m.process(
         rid, [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{200, {}, "ok"};
+        });
+  });
+  refused_at_once("process() of a key that is not new", [&] {
+    m.process(
+        held_key, [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
         [](tx&, const attempt&, const outcome<int>&) {
           return response{200, {}, "ok"};
         });

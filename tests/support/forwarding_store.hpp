@@ -66,7 +66,8 @@ class forwarding_backend final : public store_backend {
         {sql_.save_pre_state, "save_pre_state"},
         {sql_.take_lease, "take_lease"},
         {sql_.finish, "finish"},
-        {sql_.release, "release"}};
+        {sql_.release, "release"},
+        {sql_.mark_in_doubt_unfenced, "mark_in_doubt_unfenced"}};
     for (const auto& [text, name] : names) {
       if (sql == text) hooks_->on_statement(name);
     }

@@ -263,7 +263,10 @@ void single_writer::run(const std::function<void(connection&)>& body) {
       gate->sleep_until(std::max(until, clock::now() + busy_timeout_));
       lock.lock();
     }
-    if (j->at != job::state::queued) break;
+    // Only once it ran (found in review: put back and running again while
+    // its caller slept here, it was taken for unfinished, and its body ran
+    // on after the caller returned).
+    if (j->at == job::state::ran) break;
   }
   const bool done = finished_ >= j->batch && !(j->gate && j->gate->unknown);
   // Found in review: a caller that leaves before its batch finished must not
