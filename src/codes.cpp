@@ -32,6 +32,7 @@ constexpr std::array registry{
     code_info{codes::unclassified, internal, "core"},
     code_info{codes::post_rpc_failed, unavailable, "core"},
     code_info{codes::storage_error, internal, "core"},
+    code_info{codes::nested_transaction, internal, "core"},
     code_info{codes::pre_state_unreadable, unavailable, "core"},
     code_info{codes::deadline_exceeded, unavailable, "core"},
     code_info{codes::no_randomness, unavailable, "core"},

@@ -50,9 +50,9 @@ constexpr std::string_view runner_completer = "completer";
 // be read at all: an operator's fix (a grant, a schema, a row) lets the
 // retry go on, so it is retryable, and in doubt when an earlier attempt's
 // call may still land. `unfinished` is the record read, when it read. Not
-// this thread's own misuse on SQLite (a transaction it holds would wait for
-// itself): refused as the transaction begins, final, whatever the key (the
-// same code path would only meet it again).
+// this thread's own misuse on SQLite (codes::nested_transaction: a
+// transaction it holds would wait for itself), final whatever the key: the
+// same code path would only meet it again.
 [[noreturn]] void throw_refused_on_held_key(const storage_error& e,
                                             const std::optional<record>& unfinished) {
   const bool may_land = unfinished && (unfinished->state == record_state::in_progress ||
@@ -767,7 +767,6 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     std::string owner = random_token();
     std::optional<error_info> unreadable;      // a take-over that cannot go on
     std::optional<detail::progress> progress;  // a multi-step request's recovery point
-    bool refused_to_begin = false;             // a final refusal of begin_record_tx()
     // What transaction 1 did to the key, told to config::observer once it
     // committed: a new record, or a take-over or retry of an old one.
     std::optional<request_event> acquired;
@@ -823,13 +822,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         attempt_number = 1;
         acquired = request_event::new_key;
       } else {
-        std::unique_ptr<detail::record_tx> t;
-        try {
-          t = detail::begin_record_tx(store_, id);
-        } catch (const storage_error& e) {
-          refused_to_begin = !e.retryable();  // this thread's misuse: stays final
-          throw;
-        }
+        auto t = detail::begin_record_tx(store_, id);
         std::optional<record> locked = t->lock(id);
         if (!locked) {  // purged between the read and the lock
           t->rollback();
@@ -1054,7 +1047,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       }
       // A new key's refusal is final: nothing of it was kept (the
       // application's own bad SQL in Pre-RPC, say). Not a held key's.
-      if (seen && !e.retryable() && !refused_to_begin) throw_refused_on_held_key(e, seen);
+      if (seen && !e.retryable() && e.code() != codes::nested_transaction) {
+        throw_refused_on_held_key(e, seen);
+      }
       throw;
     }
     if (acquired) note(config_, ctx.shard, *acquired);

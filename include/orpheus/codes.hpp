@@ -60,6 +60,7 @@ inline constexpr std::string_view request_cancelled = "request_cancelled";
 inline constexpr std::string_view unclassified = "unclassified_error";
 inline constexpr std::string_view post_rpc_failed = "post_rpc_failed";
 inline constexpr std::string_view storage_error = "storage_error";
+inline constexpr std::string_view nested_transaction = "nested_transaction";
 inline constexpr std::string_view pre_state_unreadable = "pre_state_unreadable";
 inline constexpr std::string_view deadline_exceeded = "deadline_exceeded";
 inline constexpr std::string_view no_randomness = "no_randomness";

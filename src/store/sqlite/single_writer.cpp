@@ -54,6 +54,15 @@ bool is_final_answer(const std::exception_ptr& thrown, const std::optional<stora
   return false;
 }
 
+// A transaction this thread began inside another on the store: it would wait
+// for itself. A programming error, final (codes::nested_transaction), whatever
+// the key a request holds.
+storage_error nested_transaction(std::string detail) {
+  return storage_error(error_info::of(error_class::internal, codes::nested_transaction,
+                                      "a transaction was begun inside another on the same thread")
+                           .with_internal(std::move(detail)));
+}
+
 storage_error deferred_foreign_key() {
   return storage_error::permanent(
       "sqlite: FOREIGN KEY constraint failed (a deferred foreign key this transaction left "
@@ -177,7 +186,7 @@ bool single_writer::batch_may_grow(std::unique_lock<std::mutex>&) const {
 
 void single_writer::refuse_on_writer_thread() const {
   if (std::this_thread::get_id() == writer_.get_id()) {
-    throw storage_error::permanent(
+    throw nested_transaction(
         "sqlite: a transaction begun inside another one on this store would wait for itself");
   }
 }
@@ -189,7 +198,7 @@ void single_writer::refuse_if_turn_is_mine(std::unique_lock<std::mutex>&) const 
   // caller was told to retry (storage_unavailable) something that cannot
   // ever succeed. It works on MySQL (two connections); here it cannot.
   if (taken_ && turn_holder_ == std::this_thread::get_id()) {
-    throw storage_error::permanent(
+    throw nested_transaction(
         "sqlite: this thread holds a transaction on this store that it has not ended; a "
         "second one (a transaction, or a request's) would wait for the first: end it first");
   }
@@ -257,16 +266,18 @@ void single_writer::run(const std::function<void(connection&)>& body) {
       lock.lock();
     }
     if (j->at == job::state::queued) continue;
+    const std::uint64_t waited_for = j->batch;
     if (finished_ < j->batch) {  // like leave(): at most busy_timeout after the body
       const std::shared_ptr<parker> gate = j->gate;
       lock.unlock();
       gate->sleep_until(std::max(until, clock::now() + busy_timeout_));
       lock.lock();
     }
-    // Only once it ran (found in review: put back and running again while
-    // its caller slept here, it was taken for unfinished, and its body ran
-    // on after the caller returned).
-    if (j->at == job::state::ran) break;
+    // Only once it ran in the batch waited for (found in review: put back
+    // and running again, or run again, while its caller slept here, it was
+    // taken for unfinished: its body ran on after the caller returned, or a
+    // commit was reported in doubt).
+    if (j->at == job::state::ran && j->batch == waited_for) break;
   }
   const bool done = finished_ >= j->batch && !(j->gate && j->gate->unknown);
   // Found in review: a caller that leaves before its batch finished must not
