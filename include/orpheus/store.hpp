@@ -132,7 +132,8 @@ class store {
   /// refused with a permanent storage_error. On SQLite one thread holds at
   /// most one transaction of a store at a time (the writer is one
   /// connection): a second, or a request, begun on the thread before the
-  /// first ends is refused with a permanent storage_error.
+  /// first ends is refused with a permanent storage_error whose code is
+  /// codes::nested_transaction (final whatever the key a request holds).
   std::unique_ptr<transaction> begin_on_shard(std::size_t shard);
   /// Deletes at most `limit` records of `shard` whose retention deadline has
   /// passed (never one under a live lease, never a parked one), oldest

@@ -492,6 +492,7 @@ TEST(SqliteStore, ATransactionBegunInsideAJobIsRefused) {
     ADD_FAILURE() << "a transaction begun inside a job was not refused";
   } catch (const storage_error& e) {
     EXPECT_FALSE(e.retryable()) << e.what();
+    EXPECT_EQ(e.code(), codes::nested_transaction);
     EXPECT_NE(std::string(e.what()).find("wait for itself"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(row_exists(*s, "outer"));
@@ -1350,6 +1351,7 @@ TEST(SqliteStore, ASecondTransactionOnTheThreadThatHoldsOneIsRefusedAtOnce) {
       ADD_FAILURE() << what << ": ran";
     } catch (const storage_error& e) {
       EXPECT_FALSE(e.retryable()) << what << ": " << e.what();
+      EXPECT_EQ(e.code(), codes::nested_transaction) << what;
       EXPECT_NE(std::string(e.what()).find("has not ended"), std::string::npos) << e.what();
     }
   };

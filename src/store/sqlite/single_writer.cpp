@@ -58,6 +58,7 @@ bool is_final_answer(const std::exception_ptr& thrown, const std::optional<stora
 // for itself. A programming error, final (codes::nested_transaction), whatever
 // the key a request holds.
 storage_error nested_transaction(std::string detail) {
+  // NOLINTNEXTLINE(modernize-return-braced-init-list): the constructor is explicit
   return storage_error(error_info::of(error_class::internal, codes::nested_transaction,
                                       "a transaction was begun inside another on the same thread")
                            .with_internal(std::move(detail)));
@@ -451,11 +452,11 @@ void single_writer::put_back_after_lost_batch(std::unique_lock<std::mutex>& /*lo
   for (const auto& j : round) {
     if (j == ended_it) {
       before_it = false;
-    } else if (j->at == job::state::queued) {  // never ran
-      again.push_back(j);
-    } else if (j->at == job::state::ran && ended_it && before_it) {  // undone with the batch
-      again.push_back(j);
+      continue;
     }
+    const bool never_ran = j->at == job::state::queued;
+    const bool undone_with_it = j->at == job::state::ran && ended_it && before_it;
+    if (never_ran || undone_with_it) again.push_back(j);
   }
   if (again.empty()) return;
   try {  // what may allocate, before anything changes
