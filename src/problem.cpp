@@ -1,5 +1,7 @@
 #include "orpheus/problem.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -60,6 +62,11 @@ int http_status_of(const error_info& e) noexcept {
     status = 503;
   }
   return status;
+}
+
+std::chrono::milliseconds announced_retry_after(const error_info& e) noexcept {
+  return std::clamp(e.retry_after.value_or(default_retry_after), std::chrono::milliseconds(0),
+                    std::chrono::milliseconds(std::chrono::hours(24)));
 }
 
 response problem_response(const error_info& e) {

@@ -27,8 +27,15 @@ namespace orpheus {
 ///  3. the class: invalid_input 400, conflict 409, unavailable and in_doubt
 ///     503, rejected 422, internal 500.
 /// A retryable failure is never answered with a status a client would not
-/// retry: below 500 and other than 409 and 429, it is 503.
+/// retry: below 500 and other than 409 and 429, or 501, it is 503; and an
+/// in-doubt one is never 429 ("not acted on"), but 503.
 [[nodiscard]] int http_status_of(const error_info& e) noexcept;
+
+/// The wait an answer to `e` announces (HTTP Retry-After, gRPC RetryInfo):
+/// e.retry_after, else default_retry_after, from 0 to a day whatever a
+/// handler asked (found in review: milliseconds::max() overflowed, and a
+/// negative wait went out negative).
+[[nodiscard]] std::chrono::milliseconds announced_retry_after(const error_info& e) noexcept;
 
 /// An RFC 9457 problem+json response for `e` with http_status_of(e), and
 /// members `code`, `retryable` and (when set) `in_doubt`.

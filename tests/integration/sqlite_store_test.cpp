@@ -216,6 +216,17 @@ void insert_as_job(sqlite_store& s, const std::string& id,
   });
 }
 
+// A trigger that refuses the row 'bad' by rolling the whole transaction back
+// (RAISE(ROLLBACK)), as INSERT OR ROLLBACK or ON CONFLICT ROLLBACK would: on
+// the writer's shared batch, everyone's.
+void refuse_bad_by_rolling_back(sqlite_store& s) {
+  auto t = s.begin_on_shard(0);
+  t->execute(
+      "CREATE TRIGGER gc_refuse BEFORE INSERT ON gc_rows WHEN NEW.id = 'bad' "
+      "BEGIN SELECT RAISE(ROLLBACK, 'refused by the application'); END");
+  t->commit();
+}
+
 // Runs `f` on another thread; its future holds the storage_error it threw,
 // or nothing.
 std::future<std::optional<storage_error>> failure_of(std::function<void()> f) {
@@ -278,13 +289,7 @@ TEST(SqliteStore, JobsShareABatchAndOneThatThrowsIsUndoneAlone) {
 // again, and the refusal is its answer once it ran first in a batch.
 TEST(SqliteStore, AJobWhoseStatementRollsTheBatchBackGetsItsRefusalAndTheOthersStillCommit) {
   auto s = store_with_table();
-  {
-    auto t = s->begin_on_shard(0);
-    t->execute(
-        "CREATE TRIGGER gc_refuse BEFORE INSERT ON gc_rows WHEN NEW.id = 'bad' "
-        "BEGIN SELECT RAISE(ROLLBACK, 'refused by the application'); END");
-    t->commit();
-  }
+  refuse_bad_by_rolling_back(*s);
   auto hold = s->begin_on_shard(0);  // the jobs queue, in this order: j1, bad, j3
   std::vector<std::future<std::optional<storage_error>>> jobs;
   std::size_t queued = 0;
@@ -318,13 +323,7 @@ TEST(SqliteStore, AJobWhoseStatementRollsTheBatchBackGetsItsRefusalAndTheOthersS
 // while its caller waits; otherwise its caller is told, and it never runs.
 TEST(SqliteStore, AJobWhoseCallerGaveUpIsNeverPutBackInLine) {
   auto s = store_with_table(64, std::chrono::milliseconds(200));
-  {
-    auto t = s->begin_on_shard(0);
-    t->execute(
-        "CREATE TRIGGER gc_refuse BEFORE INSERT ON gc_rows WHEN NEW.id = 'bad' "
-        "BEGIN SELECT RAISE(ROLLBACK, 'refused'); END");
-    t->commit();
-  }
+  refuse_bad_by_rolling_back(*s);
   auto hold = s->begin_on_shard(0);
   auto a = failure_of([&s] { insert_as_job(*s, "a"); });
   await_waiting(*s, 1);
@@ -355,13 +354,7 @@ TEST(SqliteStore, AJobWhoseCallerGaveUpIsNeverPutBackInLine) {
 // caller waits until its job's body has returned, every time it runs.
 TEST(SqliteStore, AJobRunAgainIsWaitedForUntilItsBodyReturns) {
   auto s = store_with_table();
-  {
-    auto t = s->begin_on_shard(0);
-    t->execute(
-        "CREATE TRIGGER gc_refuse BEFORE INSERT ON gc_rows WHEN NEW.id = 'bad' "
-        "BEGIN SELECT RAISE(ROLLBACK, 'refused'); END");
-    t->commit();
-  }
+  refuse_bad_by_rolling_back(*s);
   std::atomic<int> runs{0};
   std::atomic<bool> returned{false};
   std::atomic<bool> ran_after_return{false};

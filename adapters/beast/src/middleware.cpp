@@ -251,11 +251,8 @@ http_response middleware::error_response(const error_info& e, const std::string&
   res.body() = p.body;
   if (p.status == 401) res.set(http::field::www_authenticate, options_.www_authenticate);
   if (e.retryable()) {
-    // Whole seconds, rounded up, from 0 to a day (found in review: a
-    // handler's milliseconds::max() overflowed, a negative wait went out).
-    const auto after =
-        std::clamp(e.retry_after.value_or(std::chrono::milliseconds(1000)),
-                   std::chrono::milliseconds(0), std::chrono::milliseconds(std::chrono::hours(24)));
+    // Whole seconds, rounded up.
+    const auto after = announced_retry_after(e);
     res.set(http::field::retry_after, std::to_string((after.count() + 999) / 1000));
   }
   if (!key.empty()) {

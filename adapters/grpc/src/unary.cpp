@@ -120,13 +120,9 @@ bool holds(const google::protobuf::Any& any, std::string_view type_url) {
   if (in_doubt) (*info.mutable_metadata())["in_doubt"] = "true";
   pack(details, error_info_type, info);
   if (retry_after) {
-    // From 0 to a day, as the HTTP front end's Retry-After (found in review:
-    // a negative wait gave negative nanos, which no client reads).
-    const auto after = std::clamp(*retry_after, std::chrono::milliseconds(0),
-                                  std::chrono::milliseconds(std::chrono::hours(24)));
     google_rpc::RetryInfo retry;
-    retry.mutable_retry_delay()->set_seconds(after.count() / 1000);
-    retry.mutable_retry_delay()->set_nanos(static_cast<int>(after.count() % 1000) * 1000000);
+    retry.mutable_retry_delay()->set_seconds(retry_after->count() / 1000);
+    retry.mutable_retry_delay()->set_nanos(static_cast<int>(retry_after->count() % 1000) * 1000000);
     pack(details, retry_info_type, retry);
   }
   return {code, message, details.SerializeAsString()};
@@ -146,8 +142,10 @@ scope_function bearer_scope(api_keys keys, std::string prefix) {
 }
 
 ::grpc::Status status_of(const error_info& e) {
-  std::optional<std::chrono::milliseconds> retry_after = e.retry_after;
-  if (e.retryable() && !retry_after) retry_after = std::chrono::milliseconds(1000);
+  // From 0 to a day, as the HTTP front end's Retry-After (found in review: a
+  // negative wait gave negative nanos, which no client reads).
+  std::optional<std::chrono::milliseconds> retry_after;
+  if (e.retryable() || e.retry_after) retry_after = announced_retry_after(e);
   return with_details(code_of(e), e.message, e.code, e.retryable(), e.in_doubt(), retry_after);
 }
 

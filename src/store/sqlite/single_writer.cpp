@@ -433,8 +433,10 @@ void single_writer::put_back_after_lost_batch(std::unique_lock<std::mutex>& /*lo
                                               const std::vector<std::shared_ptr<job>>& round,
                                               const std::shared_ptr<job>& ended_it) {
   std::vector<std::shared_ptr<job>> again;
-  try {
+  try {  // what may allocate, before anything changes
     again.reserve(round.size());
+    jobs_.reserve(jobs_.size() + round.size());
+    if (!jobs_gate_) jobs_gate_ = std::make_shared<parker>();
   } catch (...) {  // out of memory: nothing is put back; those that never ran are told
     for (const auto& j : round) {
       if (j->at == job::state::queued) {
@@ -444,8 +446,8 @@ void single_writer::put_back_after_lost_batch(std::unique_lock<std::mutex>& /*lo
     }
     return;
   }
-  if (ended_it && !ended_it->ended_batch_alone && ended_it->reruns == 0) {
-    ++ended_it->reruns;
+  if (ended_it && !ended_it->ended_batch_alone && !ended_it->run_again) {
+    ended_it->run_again = true;
     again.push_back(ended_it);
   }
   bool before_it = true;
@@ -457,19 +459,6 @@ void single_writer::put_back_after_lost_batch(std::unique_lock<std::mutex>& /*lo
     const bool never_ran = j->at == job::state::queued;
     const bool undone_with_it = j->at == job::state::ran && ended_it && before_it;
     if (never_ran || undone_with_it) again.push_back(j);
-  }
-  if (again.empty()) return;
-  try {  // what may allocate, before anything changes
-    if (!jobs_gate_) jobs_gate_ = std::make_shared<parker>();
-    jobs_.reserve(jobs_.size() + again.size());
-  } catch (...) {  // out of memory: told the batch was lost, as those that ran
-    for (const auto& j : again) {
-      if (j->at == job::state::queued) {
-        j->at = job::state::ran;
-        j->own = batch_lost();
-      }
-    }
-    return;
   }
   for (const auto& j : again) {
     j->at = job::state::queued;

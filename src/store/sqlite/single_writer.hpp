@@ -175,7 +175,7 @@ class single_writer {
     // whole transaction back) while it was the first to write in it: the
     // refusal rests on committed data alone, and is its answer.
     bool ended_batch_alone = false;
-    int reruns = 0;  // put back in line after ending a batch it did not write first
+    bool run_again = false;  // put back once after ending a batch it did not write first
   };
   void writer_loop();
   /// On the writer thread, in its turn, batch open: runs the queued jobs
