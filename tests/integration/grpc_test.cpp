@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <latch>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -15,6 +16,7 @@
 
 #include "error_details_copy.pb.h"  // tests/integration/googleapis
 #include "google/rpc/status.pb.h"   // googleapis' own
+#include "orpheus/admin.hpp"
 #include "orpheus/beast/client.hpp"
 #include "orpheus/grpc/unary.hpp"
 #include "orpheus/manager.hpp"
@@ -425,10 +427,15 @@ class counting_bank final : public orpheus::payment::gateway {
   }
 };
 
+using service_factory = std::function<std::unique_ptr<grpc::Service>(
+    orpheus::grpc::idempotent_unary&, orpheus::payment::gateway&)>;
+
 // The payments service in the test's process, on SQLite, with a bank that
 // counts its charges: for the tests that need the adapter's own threads.
+// `make` makes another service of the same .proto instead.
 struct in_process_payments {
-  in_process_payments(std::size_t workers, orpheus::grpc::scope_function scope)
+  in_process_payments(std::size_t workers, orpheus::grpc::scope_function scope,
+                      const service_factory& make = {})
       : store(orpheus::test::make_store("sqlite")), pool(workers, 16) {
     if (!store) throw std::runtime_error("no SQLite store for the test");
     auto t = store->begin_on_shard(0);
@@ -439,7 +446,11 @@ struct in_process_payments {
     m = std::make_unique<orpheus::manager>(*store);
     idem = std::make_unique<orpheus::grpc::idempotent_unary>(
         *m, pool, orpheus::grpc::unary_options{.scope = std::move(scope)});
-    service = std::make_unique<examples::payments_grpc::payments_service>(*idem, bank);
+    if (make) {
+      service = make(*idem, bank);
+    } else {
+      service = std::make_unique<examples::payments_grpc::payments_service>(*idem, bank);
+    }
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(service.get());
@@ -447,7 +458,8 @@ struct in_process_payments {
     stub = payments::v1::Payments::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                                                grpc::InsecureChannelCredentials()));
   }
-  grpc::Status pay(const std::string& key, std::chrono::seconds deadline) {
+  grpc::Status pay(const std::string& key, std::chrono::seconds deadline,
+                   payments::v1::Payment* out = nullptr, bool* replayed = nullptr) {
     grpc::ClientContext ctx;
     ctx.AddMetadata("idempotency-key", key);
     ctx.set_deadline(std::chrono::system_clock::now() + deadline);
@@ -456,7 +468,12 @@ struct in_process_payments {
     req.set_currency("EUR");
     req.set_customer("cus_1");
     payments::v1::Payment reply;
-    return stub->CreatePayment(&ctx, req, &reply);
+    const grpc::Status status = stub->CreatePayment(&ctx, req, out ? out : &reply);
+    if (replayed) {
+      const auto& md = ctx.GetServerInitialMetadata();
+      *replayed = md.find("idempotent-replayed") != md.end();
+    }
+    return status;
   }
 
   std::unique_ptr<orpheus::store> store;
@@ -464,7 +481,7 @@ struct in_process_payments {
   std::unique_ptr<orpheus::manager> m;
   std::unique_ptr<orpheus::grpc::idempotent_unary> idem;
   counting_bank bank;
-  std::unique_ptr<examples::payments_grpc::payments_service> service;
+  std::unique_ptr<grpc::Service> service;
   int port = 0;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<payments::v1::Payments::Stub> stub;
@@ -527,6 +544,178 @@ TEST(GrpcInProcess, ACallStillQueuedWhenTheStopBeginsIsAnsweredNotStarted) {
       << queued_status.error_message();
   EXPECT_EQ(p.bank.charges, 0) << "a queued call charged during the stop";
   EXPECT_FALSE(p.store->read({"client:m1", "queued", std::string(64, '0')}));
+}
+
+// Post-RPC's forms, for a method whose RPC returns an outcome<T>.
+enum class post_form { outcome_with_state, outcome_alone, success_with_state, success_alone };
+
+// CreatePayment whose RPC returns outcome<std::string> (the core's form), a
+// card declined for good, with Post-RPC in the form the test names.
+class declining_service final : public payments::v1::Payments::CallbackService {
+ public:
+  declining_service(orpheus::grpc::idempotent_unary& idem, post_form form)
+      : idem_(idem), form_(form) {}
+
+  std::atomic<int> rpcs{0};
+  std::atomic<int> posts_told_of_the_failure{0};
+  std::atomic<bool> bank_down{false};  // then the RPC fails retryable, not acted on
+
+  grpc::ServerUnaryReactor* CreatePayment(grpc::CallbackServerContext* ctx,
+                                          const payments::v1::CreatePaymentRequest* request,
+                                          payments::v1::Payment* reply) override {
+    const auto pre = [](orpheus::tx&, const payments::v1::CreatePaymentRequest& r) {
+      return r.amount();
+    };
+    const auto rpc = [this](const orpheus::attempt&,
+                            const std::int64_t&) -> orpheus::outcome<std::string> {
+      ++rpcs;
+      if (bank_down) {
+        return orpheus::error_info::of(orpheus::error_class::unavailable, "bank_unavailable",
+                                       "the bank did not answer; nothing was charged");
+      }
+      return orpheus::error_info::of(orpheus::error_class::rejected, orpheus::codes::card_declined,
+                                     "the card was declined");
+    };
+    const auto paid = [](const std::string& charge) {
+      payments::v1::Payment p;
+      p.set_status("succeeded");
+      p.set_charge_id(charge);
+      return p;
+    };
+    const auto on_outcome = [this, paid](const orpheus::outcome<std::string>& o) {
+      if (!o.ok()) ++posts_told_of_the_failure;
+      return o.ok() ? paid(o.value()) : payments::v1::Payment{};
+    };
+    const std::string method = "/payments.v1.Payments/CreatePayment";
+    switch (form_) {
+      case post_form::outcome_with_state:
+        return idem_.handle(
+            method, ctx, request, reply, pre, rpc,
+            [on_outcome](orpheus::tx&, const orpheus::attempt&, const std::int64_t&,
+                         const orpheus::outcome<std::string>& o) { return on_outcome(o); });
+      case post_form::outcome_alone:
+        return idem_.handle(
+            method, ctx, request, reply, pre, rpc,
+            [on_outcome](orpheus::tx&, const orpheus::attempt&,
+                         const orpheus::outcome<std::string>& o) { return on_outcome(o); });
+      case post_form::success_with_state:
+        return idem_.handle(method, ctx, request, reply, pre, rpc,
+                            [paid](orpheus::tx&, const orpheus::attempt&, const std::int64_t&,
+                                   const std::string& charge) { return paid(charge); });
+      case post_form::success_alone:
+        break;
+    }
+    return idem_.handle(method, ctx, request, reply, pre, rpc,
+                        [paid](orpheus::tx&, const orpheus::attempt&, const std::string& charge) {
+                          return paid(charge);
+                        });
+  }
+
+ private:
+  orpheus::grpc::idempotent_unary& idem_;
+  post_form form_;
+};
+
+// Found in review: for an RPC that returned outcome<T>, the adapter took
+// outcome<T> for the RPC's value, so an every-outcome Post-RPC was called as
+// the success form, and a card declined for good was recorded and answered
+// OK with an empty payment, on every replay too. Each Post-RPC form now
+// gets the refusal: FAILED_PRECONDITION, final, the same on a replay; the
+// outcome forms are told of the failure, the success forms never called.
+TEST(GrpcInProcess, ADeclineOfAnRpcThatReturnsAnOutcomeIsAFailureInEveryPostForm) {
+  for (const post_form form : {post_form::outcome_with_state, post_form::outcome_alone,
+                               post_form::success_with_state, post_form::success_alone}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    declining_service* svc = nullptr;
+    in_process_payments p(
+        1,
+        [](const grpc::CallbackServerContext&) { return std::optional<std::string>("client:m1"); },
+        [&](orpheus::grpc::idempotent_unary& idem, orpheus::payment::gateway&) {
+          auto made = std::make_unique<declining_service>(idem, form);
+          svc = made.get();
+          return made;
+        });
+    ASSERT_TRUE(p.server);
+    ASSERT_NE(svc, nullptr);
+    payments::v1::Payment first_reply;
+    bool replayed = true;
+    const grpc::Status first = p.pay("declined", std::chrono::seconds(20), &first_reply, &replayed);
+    EXPECT_EQ(first.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << first.error_message();
+    EXPECT_FALSE(orpheus::grpc::may_retry(first));
+    EXPECT_FALSE(replayed);
+    const grpc::Status again = p.pay("declined", std::chrono::seconds(20), nullptr, &replayed);
+    EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << again.error_message();
+    EXPECT_EQ(again.error_message(), first.error_message());
+    EXPECT_TRUE(replayed);
+    EXPECT_EQ(svc->rpcs, 1);
+    const bool outcome_form =
+        form == post_form::outcome_with_state || form == post_form::outcome_alone;
+    EXPECT_EQ(svc->posts_told_of_the_failure, outcome_form ? 1 : 0);
+    const auto rec = p.store->read({"client:m1", "declined", std::string(64, '0')});
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(rec->state, orpheus::record_state::failed);
+    p.pool.drain();
+    p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  }
+}
+
+// Found in review: an operator's resolve with 201 and no body (which
+// orpheusctl allows) was answered OK with an empty payment: an empty body
+// parses as an empty reply. Only what the adapter records (200,
+// application/x-protobuf) is a reply; anything else that succeeded is
+// UNAVAILABLE reply_unreadable, retryable with the same key. A resolve as
+// docs/grpc.md says (the content type's name in any case) is the reply.
+TEST(GrpcInProcess, OnlyARecordedReplyIsAnsweredAsTheReply) {
+  declining_service* svc = nullptr;
+  in_process_payments p(
+      1, [](const grpc::CallbackServerContext&) { return std::optional<std::string>("client:m1"); },
+      [&](orpheus::grpc::idempotent_unary& idem, orpheus::payment::gateway&) {
+        auto made = std::make_unique<declining_service>(idem, post_form::success_alone);
+        svc = made.get();
+        return made;
+      });
+  ASSERT_TRUE(p.server);
+  ASSERT_NE(svc, nullptr);
+  svc->bank_down = true;
+  for (const char* key : {"empty", "bare-200", "as-documented"}) {
+    const grpc::Status s = p.pay(key, std::chrono::seconds(20));
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << key << ": " << s.error_message();
+  }
+  orpheus::admin ops(*p.store, orpheus::config{});
+  payments::v1::Payment paid;
+  paid.set_id("pay_43");
+  paid.set_status("succeeded");
+  const std::string bytes = orpheus::grpc::recorded_reply_bytes(paid);
+  ASSERT_TRUE(ops.resolve("client:m1", "empty", {201, {}, ""}, "paid, checked with the bank").ok());
+  ASSERT_TRUE(ops.resolve("client:m1", "bare-200", {200, {}, bytes}, "paid").ok());
+  ASSERT_TRUE(ops.resolve("client:m1", "as-documented",
+                          {200, {{"Content-Type", "application/x-protobuf"}}, bytes}, "paid")
+                  .ok());
+  for (const char* key : {"empty", "bare-200"}) {
+    payments::v1::Payment reply;
+    const grpc::Status s = p.pay(key, std::chrono::seconds(20), &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << key << ": " << s.error_message();
+    EXPECT_TRUE(orpheus::grpc::may_retry(s)) << key;
+  }
+  payments::v1::Payment reply;
+  const grpc::Status s = p.pay("as-documented", std::chrono::seconds(20), &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply.id(), "pay_43");
+  EXPECT_EQ(svc->rpcs, 3);
+  p.pool.drain();
+  p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
+// Found in review: the gRPC bearer_scope took any prefix, where the HTTP
+// one refuses a prefix that breaks the scope rule; every authenticated call
+// was then INVALID_ARGUMENT invalid_scope, which clients read as final.
+TEST(GrpcStatus, ABearerPrefixThatBreaksTheScopeRuleIsRefusedAtTheStart) {
+  const auto keys = orpheus::api_keys::parse("sk_test_grpc_alice_000000 alice\n");
+  EXPECT_NO_THROW((void)orpheus::grpc::bearer_scope(keys));
+  EXPECT_NO_THROW((void)orpheus::grpc::bearer_scope(keys, "tenant-7:"));
+  EXPECT_THROW((void)orpheus::grpc::bearer_scope(keys, " client:"), orpheus::config_error);
+  EXPECT_THROW((void)orpheus::grpc::bearer_scope(keys, std::string(200, 'p')),
+               orpheus::config_error);
 }
 
 // A call whose key is held by another in flight is ABORTED, retryable, with

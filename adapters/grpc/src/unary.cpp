@@ -4,6 +4,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <iterator>
 #include <memory>
@@ -18,6 +19,18 @@ namespace orpheus::grpc {
 namespace {
 
 using ::grpc::StatusCode;
+
+// Whether `r` carries the content type handle() records a reply with (the
+// name in any case: orpheusctl resolve writes "Content-Type").
+bool is_recorded_reply(const response& r) {
+  const auto lower = [](unsigned char c) { return static_cast<char>(std::tolower(c)); };
+  return std::any_of(r.headers.begin(), r.headers.end(), [&](const auto& h) {
+    const std::string_view name = "content-type";
+    return h.second == reply_content_type && h.first.size() == name.size() &&
+           std::equal(h.first.begin(), h.first.end(), name.begin(),
+                      [&](char a, char b) { return lower(static_cast<unsigned char>(a)) == b; });
+  });
+}
 
 // Every value of `name`, joined with ", " as HTTP/2 may carry them (for
 // authorization: two tokens never read as one). The key is read by start(),
@@ -131,6 +144,13 @@ bool holds(const google::protobuf::Any& any, std::string_view type_url) {
 }  // namespace
 
 scope_function bearer_scope(api_keys keys, std::string prefix) {
+  // As the HTTP front end's (found in review: a prefix that breaks the scope
+  // rule made every authenticated call INVALID_ARGUMENT invalid_scope, which
+  // clients read as final); refused once, here, with the longest client.
+  if (auto why = invalid_scope_reason(prefix + std::string(api_keys::max_client_bytes, 'c'))) {
+    throw config_error("bearer_scope: the prefix '" + prefix +
+                       "' makes scopes that break the rule: " + *why);
+  }
   return [keys = std::move(keys), prefix = std::move(prefix)](
              const ::grpc::CallbackServerContext& ctx) -> std::optional<std::string> {
     const auto authorization = metadata(ctx, "authorization");
@@ -359,7 +379,10 @@ void idempotent_unary::answer(::grpc::CallbackServerContext* ctx,
   const response& r = out.value();
   if (r.replayed) ctx->AddInitialMetadata("idempotent-replayed", "true");
   if (r.status < 200 || r.status >= 300) return reactor->Finish(status_of_recorded(r));
-  if (!reply->ParseFromString(r.body)) {
+  // Only what handle() records is a reply: 200, application/x-protobuf (found
+  // in review: an operator's resolve with 201 and no body parsed as an empty
+  // reply, and the client got OK with no payment in it).
+  if (r.status != 200 || !is_recorded_reply(r) || !reply->ParseFromString(r.body)) {
     // Found in review: answered as a final failure, a payment that was
     // made could be re-issued by its client under a new key.
     return reactor->Finish(status_of(

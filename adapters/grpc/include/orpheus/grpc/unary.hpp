@@ -41,9 +41,11 @@
 //     `grpc-status-details-bin`.
 //
 // Thread safety: handle() may be called from any gRPC thread at once.
-// Lifetime: the pool's jobs use this object, the manager and the store: drain
-// the pool (work_pool::drain()) after the gRPC server has shut down and
-// before destroying them.
+// Lifetime: the pool's jobs use this object, the manager and the store. To
+// stop: drain the pool first (work_pool::drain(): a call still queued is
+// answered UNAVAILABLE and never runs), then shut the gRPC server down, and
+// only then destroy them (docs/grpc.md; shutting down first ran every queued
+// call, each a new downstream call).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -113,6 +115,14 @@ struct unary_options {
 /// success no server can then answer (found in review).
 [[nodiscard]] std::string recorded_reply_bytes(const google::protobuf::MessageLite& reply);
 
+/// The content type of a recorded reply: handle() records a method's reply
+/// as status 200, this type and its bytes; only such a record is answered as
+/// the reply (anything else that succeeded is UNAVAILABLE reply_unreadable,
+/// retryable with the same key). Resolving a gRPC method's record by hand:
+/// `orpheusctl resolve ... --status 200 --content-type
+/// application/x-protobuf --body BYTES`.
+inline constexpr const char* reply_content_type = "application/x-protobuf";
+
 /// For clients: whether a failed call may be sent again with the same key.
 /// An Orpheus server says so in the status's google.rpc.ErrorInfo (domain
 /// "orpheus", metadata retryable). A status without it comes from the
@@ -136,14 +146,15 @@ class idempotent_unary {
   /// is the method's full name ("/package.Service/Method"), part of the
   /// fingerprint. `pre(tx&, const Request&) -> PreState` (or with a third
   /// argument, the call's `const request_id&`), `rpc(const attempt&, const
-  /// PreState&) -> T`, and Post-RPC: `post(tx&, const attempt&, const T&) ->
-  /// Reply` or `post(tx&, const attempt&, const PreState&, const T&) -> Reply`
-  /// (called on success only; a non-retryable failure is recorded by the
-  /// library, a retryable one leaves the key retryable), or `post(tx&, const
-  /// attempt&, const PreState&, const outcome<T>&) -> Reply`, called for
-  /// every outcome so that it can write the application's rows on a failure
-  /// too (its reply is then ignored: the failure is recorded, or left
-  /// retryable, as above). The method's name is yours to give: a name copied
+  /// PreState&) -> T` (or `-> outcome<T>`, or throwing), and Post-RPC:
+  /// `post(tx&, const attempt&, const T&) -> Reply` or `post(tx&, const
+  /// attempt&, const PreState&, const T&) -> Reply` (called on success only;
+  /// a non-retryable failure is recorded by the library, a retryable one
+  /// leaves the key retryable), or `post(tx&, const attempt&, [const
+  /// PreState&,] const outcome<T>&) -> Reply`, called for every outcome so
+  /// that it can write the application's rows on a failure too (its reply
+  /// is then ignored: the failure is recorded, or left retryable, as
+  /// above). The method's name is yours to give: a name copied
   /// from another method would let one key replay that method's reply.
   template <class Request, class Reply, class Pre, class Rpc, class Post>
   ::grpc::ServerUnaryReactor* handle(std::string_view method, ::grpc::CallbackServerContext* ctx,
@@ -176,12 +187,21 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
                                                      Rpc rpc, Post post) {
   using pre_state = std::decay_t<decltype(orpheus::detail::call_pre(
       pre, std::declval<tx&>(), *request, std::declval<const request_id&>()))>;
-  using value_t = std::decay_t<std::invoke_result_t<Rpc&, const attempt&, const pre_state&>>;
+  // What Post-RPC sees of the RPC, as the core derives it: T for an RPC
+  // that returns T or outcome<T> (found in review: an RPC that returned
+  // outcome<T> made value_t outcome<T>, an every-outcome Post-RPC was taken
+  // for the success-only form, and a decline was recorded as a 200 OK).
+  using value_t = typename orpheus::detail::outcome_of_rpc<Rpc, pre_state>::value_type;
   // Post-RPC in one of three forms: on success, with or without the Pre-RPC
   // result, or on every outcome (to write the application's rows on a
   // failure too; its reply is then ignored and the failure recorded).
   constexpr bool post_on_outcome =
       std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&, const outcome<value_t>&>;
+  // The same without the Pre-RPC result. Tried before the success forms, in
+  // the core's order (manager.hpp): a Post-RPC of outcome<T> can be called
+  // with a T too, and was, on success only, so a failure never reached it.
+  constexpr bool post_on_outcome_stateless =
+      !post_on_outcome && std::is_invocable_v<Post&, tx&, const attempt&, const outcome<value_t>&>;
   constexpr bool post_takes_state =
       std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&, const value_t&>;
   if constexpr (post_on_outcome) {
@@ -189,6 +209,12 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
         std::is_same_v<std::decay_t<std::invoke_result_t<
                            Post&, tx&, const attempt&, const pre_state&, const outcome<value_t>&>>,
                        Reply>,
+        "Post-RPC must return the method's reply type");
+  } else if constexpr (post_on_outcome_stateless) {
+    static_assert(
+        std::is_same_v<
+            std::decay_t<std::invoke_result_t<Post&, tx&, const attempt&, const outcome<value_t>&>>,
+            Reply>,
         "Post-RPC must return the method's reply type");
   } else if constexpr (post_takes_state) {
     static_assert(
@@ -211,14 +237,19 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
           return orpheus::detail::call_pre(pre, t, *request, id);
         };
         const auto recorded = [](const Reply& r) {
-          return response{
-              200, {{"content-type", "application/x-protobuf"}}, recorded_reply_bytes(r)};
+          return response{200, {{"content-type", reply_content_type}}, recorded_reply_bytes(r)};
         };
-        if constexpr (post_on_outcome) {
+        if constexpr (post_on_outcome || post_on_outcome_stateless) {
           return manager_.try_process(
               id, pre_phase, rpc,
               [&](tx& t, const attempt& a, const pre_state& s, const outcome<value_t>& out) {
-                const Reply r = post(t, a, s, out);
+                const Reply r = [&] {
+                  if constexpr (post_on_outcome) {
+                    return post(t, a, s, out);
+                  } else {
+                    return post(t, a, out);
+                  }
+                }();
                 if (!out.ok()) return problem_response(out.error());
                 return recorded(r);
               },
