@@ -52,6 +52,27 @@ void parse_fast_meta(std::string_view meta, record& out) {
   }
 }
 
+/// The bytes latin1_as_utf8() made `utf8` from; an unreadable row for code
+/// points above 0xFF (not what finish() writes).
+std::string latin1_bytes(std::string_view utf8) {
+  std::string out;
+  out.reserve(utf8.size());
+  for (std::size_t i = 0; i < utf8.size(); ++i) {
+    const auto b = static_cast<unsigned char>(utf8[i]);
+    if (b < 0x80) {
+      out += utf8[i];
+      continue;
+    }
+    const bool two_bytes = (b == 0xC2 || b == 0xC3) && i + 1 < utf8.size() &&
+                           (static_cast<unsigned char>(utf8[i + 1]) & 0xC0U) == 0x80U;
+    if (!two_bytes) unreadable_row("headers: a Latin-1 value beyond U+00FF");
+    out +=
+        static_cast<char>(((b & 0x1FU) << 6U) | (static_cast<unsigned char>(utf8[i + 1]) & 0x3FU));
+    ++i;
+  }
+  return out;
+}
+
 /// Reads a quoted JSON string of printable ASCII without escapes at `p`;
 /// false (leaving the rest to the general parser) on anything else.
 bool plain_json_string(const char*& p, const char* end, std::string& out) {
@@ -113,11 +134,41 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
   // row) is an unreadable row, reported as the store's contract says.
   // Issue 9 (fuzzing): nlohmann's parse_error or type_error came out of
   // store::read() and manager::process(), which promise orpheus::error.
+  out.clear();
   try {
-    return nlohmann::json::parse(json).get<std::vector<std::pair<std::string, std::string>>>();
+    const auto all = nlohmann::json::parse(json);
+    if (!all.is_array()) unreadable_row("headers: not an array");
+    for (const auto& h : all) {
+      if (!h.is_array() || h.size() < 2 || h.size() > 3) {
+        unreadable_row("headers: not [name, value]");
+      }
+      auto& header = out.emplace_back(h.at(0).get<std::string>(), h.at(1).get<std::string>());
+      if (h.size() == 3) {
+        if (!h.at(2).is_string() || h.at(2).get<std::string>() != latin1_header) {
+          unreadable_row("headers: an unknown form of value");
+        }
+        header.second = latin1_bytes(header.second);
+      }
+    }
+    return out;
   } catch (const nlohmann::json::exception& e) {
     unreadable_row(std::string("headers: ") + e.what());
   }
+}
+
+std::string latin1_as_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (const char c : bytes) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x80) {
+      out += c;
+    } else {
+      out += static_cast<char>(0xC0U | (b >> 6U));
+      out += static_cast<char>(0x80U | (b & 0x3FU));
+    }
+  }
+  return out;
 }
 
 record record_from_row(const sql_row& row, bool full) {

@@ -110,6 +110,32 @@ TEST(RecordRow, UnreadableHeadersAreANonRetryableStorageError) {
   EXPECT_EQ(r.recorded.headers[0].second, "text/plain");
 }
 
+// Found in review: header values that are not UTF-8 were stored with U+FFFD
+// in place of each such byte. They are stored as Latin-1 text marked
+// "latin1" and read back as the same bytes; a reader that does not know the
+// mark (an older version) reads the Latin-1 text; an unknown mark, or a
+// code point a Latin-1 value cannot hold, is an unreadable row.
+TEST(RecordRow, HeaderValuesThatAreNotUtf8ReadBackAsTheSameBytes) {
+  const std::string bytes = "\xe7\xff a\x80";
+  const std::string stored =
+      nlohmann::json::array(
+          {nlohmann::json::array({"X-A", "b"}),
+           nlohmann::json::array({"X-B", detail::latin1_as_utf8(bytes), detail::latin1_header})})
+          .dump();
+  const auto read = detail::parse_headers(stored);
+  ASSERT_EQ(read.size(), 2U);
+  EXPECT_EQ(read[0], (std::pair<std::string, std::string>{"X-A", "b"}));
+  EXPECT_EQ(read[1], (std::pair<std::string, std::string>{"X-B", bytes}));
+  const auto older =
+      nlohmann::json::parse(stored).get<std::vector<std::pair<std::string, std::string>>>();
+  ASSERT_EQ(older.size(), 2U);
+  EXPECT_EQ(older[1].second, "\xc3\xa7\xc3\xbf a\xc2\x80");
+  for (const auto* bad : {R"([["X-B","\u00e7","utf16"]])", R"([["X-B","\u0100","latin1"]])",
+                          R"([["X-B","a","latin1","more"]])", R"([["X-B","a",1]])"}) {
+    EXPECT_THROW((void)detail::parse_headers(bad), storage_error) << bad;
+  }
+}
+
 // Issue 11: a state written by a newer version (or by hand) is never guessed
 // at: an unknown state read as "not terminal, no live lease" would be taken
 // over as a retry.

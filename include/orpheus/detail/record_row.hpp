@@ -35,9 +35,16 @@ record record_from_row(const sql_row& row, bool full);
 /// the row is not what the record layer writes.
 record record_from_fast_row(const sql_row& row);
 
-/// The recorded headers as finish() stores them (JSON [[name, value], ...]);
-/// throws storage_error::permanent on anything else.
+/// The recorded headers as finish() stores them (JSON [[name, value], ...],
+/// where a value that is not UTF-8 is [name, latin1_as_utf8(value),
+/// latin1_header]); throws storage_error::permanent on anything else.
 std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& json);
+
+/// The third element of a stored header whose value is not UTF-8.
+inline constexpr std::string_view latin1_header = "latin1";
+
+/// `bytes` with each byte as the code point of the same number, in UTF-8.
+std::string latin1_as_utf8(std::string_view bytes);
 
 /// An integer column (DECIMAL arrives as text); 0 for NULL.
 std::int64_t int_or_zero(const sql_value& v);
