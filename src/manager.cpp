@@ -49,14 +49,20 @@ constexpr std::string_view runner_completer = "completer";
 // The key is held by a request that is not finished, or its record could not
 // be read at all: an operator's fix (a grant, a schema, a row) lets the
 // retry go on, so it is retryable, and in doubt when an earlier attempt's
-// call may still land. `unfinished` is the record read, when it read. Not
-// this thread's own misuse on SQLite (codes::nested_transaction: a
-// transaction it holds would wait for itself), final whatever the key: the
-// same code path would only meet it again.
+// call may still land. `unfinished` is the record read, when it read;
+// `read_in_full` whether it has in_doubt_until_us (the fast read does not:
+// then a record an attempt left retryable may have been marked in doubt,
+// and is taken to be, found in review). Not this thread's own misuse on
+// SQLite (codes::nested_transaction: a transaction it holds would wait for
+// itself), final whatever the key: the same code path would only meet it
+// again.
 [[noreturn]] void throw_refused_on_held_key(const storage_error& e,
-                                            const std::optional<record>& unfinished) {
-  const bool may_land = unfinished && (unfinished->state == record_state::in_progress ||
-                                       unfinished->in_doubt_until_us > unfinished->db_now_us);
+                                            const std::optional<record>& unfinished,
+                                            bool read_in_full) {
+  const bool may_land =
+      unfinished && (unfinished->state == record_state::in_progress ||
+                     (read_in_full ? unfinished->in_doubt_until_us > unfinished->db_now_us
+                                   : unfinished->state == record_state::retryable));
   throw storage_error(
       error_info::of(may_land ? error_class::in_doubt : error_class::unavailable,
                      codes::storage_unavailable,
@@ -730,7 +736,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       seen = store_.read(id);
     } catch (const storage_error& e) {
       if (e.retryable()) throw;
-      throw_refused_on_held_key(e, std::nullopt);
+      throw_refused_on_held_key(e, std::nullopt, /*read_in_full=*/false);
     }
     if (seen) {
       if (replay_cache_) replay_cache_->put(id, *seen, read_at, read_started);  // terminal ones
@@ -770,6 +776,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     // What transaction 1 did to the key, told to config::observer once it
     // committed: a new record, or a take-over or retry of an old one.
     std::optional<request_event> acquired;
+    // The record as read under the lock, when it was: the fast read has no
+    // in_doubt_until_us.
+    std::optional<record> held;
     try {
       const phase_timer timed(config_, ctx.shard, request_phase::acquire);
       if (!seen) {
@@ -823,7 +832,8 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
         acquired = request_event::new_key;
       } else {
         auto t = detail::begin_record_tx(store_, id);
-        std::optional<record> locked = t->lock(id);
+        held = t->lock(id);
+        const std::optional<record>& locked = held;
         if (!locked) {  // purged between the read and the lock
           t->rollback();
           continue;
@@ -1048,7 +1058,8 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       // A new key's refusal is final: nothing of it was kept (the
       // application's own bad SQL in Pre-RPC, say). Not a held key's.
       if (seen && !e.retryable() && e.code() != codes::nested_transaction) {
-        throw_refused_on_held_key(e, seen);
+        if (held) throw_refused_on_held_key(e, held, /*read_in_full=*/true);
+        throw_refused_on_held_key(e, seen, /*read_in_full=*/false);
       }
       throw;
     }

@@ -1627,6 +1627,46 @@ TEST_P(Conformance, AnUnrecordedSuccessfulCallIsNeverReleasedUnmarked) {
   EXPECT_FALSE(ops.resolve(scope_, "unmarked", response{200, {}, "by hand"}, "x").ok());
 }
 
+// Found in review: a permanent refusal while taking up a key that an
+// attempt left retryable after a call that succeeded (marked in doubt) was
+// answered unavailable, not in doubt: it was judged on the fast read, which
+// has no in_doubt_until_us. The record read under the lock is used when
+// there is one; a retryable record read only fast is taken to be in doubt.
+TEST_P(Conformance, ARefusalOnAKeyHeldInDoubtSaysInDoubt) {
+  test::forwarding_store fs(*store_);
+  manager m(fs, short_lease());
+  int rpc_calls = 0;
+  try {
+    with_post(m, id("doubt"), rpc_calls, scope_ + "/doubt", 1,
+              []() -> response { throw std::runtime_error("Post-RPC failed"); });
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::post_rpc_failed) << e.what();
+  }
+  const auto left = store_->inspect(id("doubt"));
+  ASSERT_TRUE(left);
+  ASSERT_EQ(left->state, record_state::retryable);
+  ASSERT_GT(left->in_doubt_until_us, left->db_now_us);
+  for (const char* statement : {"take_lease", "lock"}) {
+    fs.on_statement = [statement](std::string_view name) {
+      if (name == statement) throw storage_error::permanent("injected: a revoked grant");
+    };
+    try {
+      with_post(m, id("doubt"), rpc_calls, scope_ + "/doubt-2", 1, [] {
+        return response{201, {}, "paid"};
+      });
+      ADD_FAILURE() << statement << ": answered";
+    } catch (const error& e) {
+      EXPECT_TRUE(e.retryable()) << statement << ": " << e.what();
+      EXPECT_TRUE(e.in_doubt()) << statement << ": the first call may still land: " << e.what();
+      EXPECT_EQ(e.code(), codes::storage_unavailable) << statement;
+    }
+  }
+  fs.on_statement = nullptr;
+  EXPECT_EQ(rpc_calls, 1);
+  EXPECT_EQ(store_->inspect(id("doubt"))->state, record_state::retryable);
+}
+
 // A crashed attempt of `handler`, then one completer pass while taking
 // over its lease throws what `inject` throws. `runs`: the handler's runs.
 completer_pass a_pass_failing_at_take_lease(store& s, const config& cfg, const request_id& rid,
