@@ -430,6 +430,36 @@ TEST_F(Middleware, FramingHeadersOfAHandlersAnswerAreNeitherRecordedNorSent) {
   EXPECT_EQ(two.count(http::field::keep_alive), 0U);
 }
 
+// Found in review: a one-lambda handler that passed on an idempotent
+// downstream's answer sent that downstream's "Idempotent-Replayed: true"
+// with the first answer, and its key headers with the answer to a request
+// without a key. This server's own headers say what it did, alone.
+TEST_F(Middleware, ADownstreamsIdempotencyHeadersAreNotPassedOn) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(2, 16);
+  auto mw = make(pool);
+  const auto downstream = [](const attempt&, const http_request&) {
+    http_response res{http::status::created, 11};
+    res.set("Idempotent-Replayed", "true");  // the bank replayed our retried call
+    res.set("Idempotency-Key", "the-banks-key");
+    res.set("Idempotency-Key-Retention", "5");
+    res.set(http::field::content_type, "application/json");
+    res.body() = R"({"charged":true})";
+    return res;
+  };
+  const auto first = call_answering(mw, post("mine", "100"), downstream);
+  EXPECT_EQ(first.result_int(), 201U);
+  EXPECT_EQ(first.count("Idempotent-Replayed"), 0U);
+  EXPECT_EQ(first["Idempotency-Key"], "mine");
+  EXPECT_NE(first["Idempotency-Key-Retention"], "5");
+  const auto replay = call_answering(mw, post("mine", "100"), downstream);
+  EXPECT_EQ(replay["Idempotent-Replayed"], "true");
+  EXPECT_EQ(replay.count("Idempotent-Replayed"), 1U);
+  EXPECT_EQ(replay["Idempotency-Key"], "mine");
+  EXPECT_EQ(replay.count("Idempotency-Key"), 1U);
+  EXPECT_EQ(replay.count("Idempotency-Key-Retention"), 1U);
+}
+
 // Found in review: a handler's 1xx was recorded, and the server sends a 1xx
 // as a bare 500, so the first answer and every replay were a 500 that
 // clients retried until they gave up. It is refused now (503, retryable, the
@@ -1564,6 +1594,33 @@ TEST(Server, ClosesIdleAndSlowHeaderConnections) {
                  std::chrono::seconds(20))
                 .result_int(),
             200U);
+}
+
+// Found in review: a client that sends "Expect: 100-continue" and waits for
+// the 100 before its body (RFC 9110, 10.1.1; Java's HttpClient does) got
+// none: the body's read timed out and the connection closed unanswered, so
+// the client held a payment that never ran in doubt. It gets the 100, then
+// the answer; a client that sends its body at once gets the answer alone.
+TEST(Server, Expect100ContinueGetsContinueThenTheAnswer) {
+  server_options o;
+  o.read_timeout = std::chrono::seconds(3);
+  server s(o, [](http_request&& req, responder respond) {
+    respond(make_response(200, "got " + req.body()));
+  });
+  s.start();
+  raw_connection waits(s.port());
+  ASSERT_TRUE(waits.write(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-Continue\r\n\r\n"));
+  const std::string interim = waits.read_until("\r\n\r\n");
+  EXPECT_EQ(interim.rfind("HTTP/1.1 100 Continue\r\n", 0), 0U) << interim;
+  ASSERT_TRUE(waits.write("hello"));
+  const std::string answer = waits.read_until("got hello");
+  EXPECT_NE(answer.find("HTTP/1.1 200"), std::string::npos) << answer;
+
+  raw_connection at_once(s.port());
+  ASSERT_TRUE(at_once.write("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"));
+  const std::string alone = at_once.read_until("got hello");
+  EXPECT_EQ(alone.rfind("HTTP/1.1 200", 0), 0U) << alone;
 }
 
 // Found in review: a handler's 204 with a body made prepare_payload() throw

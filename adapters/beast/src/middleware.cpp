@@ -348,10 +348,19 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
   http_response res;
   try {  // the pool swallows what a job throws: every request gets an answer
     res = http_response{static_cast<http::status>(r.status), 11};
+    // This server's own idempotency headers, set below from this request
+    // alone. Found in review: a handler that passed on an idempotent
+    // downstream's answer sent its "Idempotent-Replayed: true" with a first
+    // answer, and its key headers with an answer to a request without one.
+    const auto own_header = [&](const std::string& name) {
+      return boost::beast::iequals(name, "Idempotent-Replayed") ||
+             boost::beast::iequals(name, options_.key_header) ||
+             boost::beast::iequals(name, "Idempotency-Key-Retention");
+    };
     for (const auto& [name, value] : r.headers) {
       // Records made before record_of() dropped them, and the two-lambda
       // form's own headers.
-      if (framing_header(name)) continue;
+      if (framing_header(name) || own_header(name)) continue;
       if (detail::sendable_field(name, value, detail::max_header_value)) {
         res.insert(name, value);
         continue;

@@ -129,6 +129,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   void accept_next();
   void wait_for_newcomer();
   void make_room();
+  // Every session still open. Locks the mutex: the caller lets them go
+  // after it (a session's last owner runs its destructor, which locks it).
+  std::vector<std::shared_ptr<session>> alive_sessions();
+  // Of `alive`, the connection idle longest; none when none is idle.
+  static std::shared_ptr<session> idlest_of(const std::vector<std::shared_ptr<session>>& alive);
   void session_closed();
 
   // Posts `f` to the io_context unless the server has stopped: after stop()
@@ -231,8 +236,29 @@ class session : public std::enable_shared_from_this<session> {
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
                               if (ec || self->parser_->is_done()) return self->on_read(ec);
+                              if (self->expects_continue()) return self->send_continue();
                               self->read_body();
                             });
+  }
+
+  // RFC 9110 10.1.1: a client that sends "Expect: 100-continue" may wait for
+  // a 100 before it sends the body, and the server must send it (or a final
+  // answer). Found in review: none came, the body's read timed out, the
+  // connection was closed unanswered, and the client, with no answer to a
+  // request it had begun to send, held a payment that never ran in doubt.
+  [[nodiscard]] bool expects_continue() const {
+    const auto& h = parser_->get();
+    return h.version() >= 11 && boost::beast::iequals(h[http::field::expect], "100-continue");
+  }
+
+  void send_continue() {
+    stream_.expires_after(owner_->options.read_timeout);
+    auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res](boost::beast::error_code ec, std::size_t) {
+                        if (ec) return self->shutdown();
+                        self->read_body();
+                      });
   }
 
   void read_body() {
@@ -387,7 +413,12 @@ void server::impl::on_accept(boost::beast::error_code ec, tcp::socket s) {
       ec == boost::system::errc::no_buffer_space || ec == boost::system::errc::not_enough_memory) {
     // The connection stays in the listen backlog. Accepting again at once
     // would fail again at once (a busy loop on the io thread): wait until
-    // some connection has had time to close.
+    // some connection has had time to close. Found in review: below
+    // max_connections (its default of 1024 under a `ulimit -n` of 1024),
+    // connections kept idle held every descriptor and nothing closed them
+    // for a newcomer; as at the cap, the one idle longest makes room (one
+    // with a request in flight never does).
+    if (auto idlest = idlest_of(alive_sessions())) idlest->close_if_idle();
     backoff.expires_after(options.accept_backoff);
     backoff.async_wait([self = shared_from_this()](boost::beast::error_code e) {
       if (!e) self->accept_next();
@@ -452,33 +483,19 @@ void server::impl::make_room() {
   // Every session locked here is let go after the mutex (found in review: a
   // session whose last other owner let go meanwhile was destroyed under the
   // lock, and its destructor's session_closed() locked it again).
-  std::vector<std::shared_ptr<session>> alive;
-  std::shared_ptr<session> idlest;
   {
     std::lock_guard lock(mutex);
     if (!paused || !accepting || stopped) {
       watching = false;
       return;
     }
-    alive.reserve(sessions.size());
-    for (const auto& w : sessions) {
-      if (auto s = w.lock()) alive.push_back(std::move(s));
-    }
   }
   // Only for a newcomer still waiting: an accept resumed meanwhile may have
   // taken the one this loop woke for (found in review).
   pollfd listening{acceptor.native_handle(), POLLIN, 0};
   if (::poll(&listening, 1, 0) == 1 && (listening.revents & POLLIN) != 0) {
-    std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
-    for (const auto& s : alive) {
-      const std::int64_t since = s->idle_since();
-      if (since >= 0 && since < oldest) {
-        oldest = since;
-        idlest = s;
-      }
-    }
+    if (auto idlest = idlest_of(alive_sessions())) idlest->close_if_idle();
   }
-  if (idlest) idlest->close_if_idle();
   cap_timer.expires_after(options.accept_backoff);
   cap_timer.async_wait([self = shared_from_this()](boost::beast::error_code ec) {
     if (ec) {
@@ -488,6 +505,30 @@ void server::impl::make_room() {
     }
     self->wait_for_newcomer();
   });
+}
+
+std::vector<std::shared_ptr<session>> server::impl::alive_sessions() {
+  std::vector<std::shared_ptr<session>> alive;
+  std::lock_guard lock(mutex);
+  alive.reserve(sessions.size());
+  for (const auto& w : sessions) {
+    if (auto s = w.lock()) alive.push_back(std::move(s));
+  }
+  return alive;
+}
+
+std::shared_ptr<session> server::impl::idlest_of(
+    const std::vector<std::shared_ptr<session>>& alive) {
+  std::shared_ptr<session> idlest;
+  std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
+  for (const auto& s : alive) {
+    const std::int64_t since = s->idle_since();
+    if (since >= 0 && since < oldest) {
+      oldest = since;
+      idlest = s;
+    }
+  }
+  return idlest;
 }
 
 void server::impl::session_closed() {
