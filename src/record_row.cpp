@@ -156,6 +156,38 @@ std::vector<std::pair<std::string, std::string>> parse_headers(const std::string
   }
 }
 
+// Header values are bytes (HTTP allows obs-text, 0x80-0xFF), JSON strings
+// are UTF-8: nlohmann's dump replaced every byte that is not UTF-8 by
+// U+FFFD, so the first answer and every replay differed (found in review).
+// Such a value is stored with each byte as the code point of the same
+// number (Latin-1) and a third element, "latin1"; parse_headers() turns it
+// back into the same bytes. A reader older than this ignores the third
+// element and reads the Latin-1 text. Everything else is stored as before.
+std::string stored_headers_json(const std::vector<std::pair<std::string, std::string>>& headers) {
+  try {
+    return nlohmann::json(headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  } catch (const nlohmann::json::type_error&) {
+    // 316: a value that is not UTF-8; names are tokens (sendable_field()).
+  }
+  const auto is_utf8 = [](const std::string& v) {
+    try {
+      (void)nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+      return true;
+    } catch (const nlohmann::json::type_error&) {
+      return false;
+    }
+  };
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [name, value] : headers) {
+    if (is_utf8(value)) {
+      out.push_back(nlohmann::json::array({name, value}));
+    } else {
+      out.push_back(nlohmann::json::array({name, latin1_as_utf8(value), latin1_header}));
+    }
+  }
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string latin1_as_utf8(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size() * 2);

@@ -67,37 +67,7 @@ std::string select_fast(const sql_dialect& d) {
          " AS r, headers AS h, body AS b FROM orpheus_records WHERE scope = ? AND idem_key = ?";
 }
 
-// Header values are bytes (HTTP allows obs-text, 0x80-0xFF), JSON strings
-// are UTF-8: nlohmann's dump replaced every byte that is not UTF-8 by
-// U+FFFD, so the first answer and every replay differed (found in review).
-// Such a value is stored with each byte as the code point of the same
-// number (Latin-1) and a third element, "latin1"; parse_headers() turns it
-// back into the same bytes. A reader older than this ignores the third
-// element and reads the Latin-1 text. Everything else is stored as before.
-std::string headers_json(const response& r) {
-  try {
-    return nlohmann::json(r.headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
-  } catch (const nlohmann::json::type_error&) {
-    // 316: a value that is not UTF-8; names are tokens (sendable_field()).
-  }
-  const auto is_utf8 = [](const std::string& v) {
-    try {
-      (void)nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
-      return true;
-    } catch (const nlohmann::json::type_error&) {
-      return false;
-    }
-  };
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& [name, value] : r.headers) {
-    if (is_utf8(value)) {
-      out.push_back(nlohmann::json::array({name, value}));
-    } else {
-      out.push_back(nlohmann::json::array({name, latin1_as_utf8(value), latin1_header}));
-    }
-  }
-  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+std::string headers_json(const response& r) { return stored_headers_json(r.headers); }
 
 // Error texts and operators' notes go to BLOB columns: 64 KiB on MySQL,
 // whose strict mode (MariaDB's default) refuses a longer value. Found in

@@ -87,7 +87,7 @@ void check_number(const sql_value& v, std::int64_t got, const char* what, bool n
 
 // The headers a backend's finish() writes for `headers`.
 std::string stored_headers(const std::vector<std::pair<std::string, std::string>>& headers) {
-  return nlohmann::json(headers).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return orpheus::detail::stored_headers_json(headers);
 }
 
 // What the fast path's SELECT packs into its first column for `r`.

@@ -458,6 +458,18 @@ TEST_F(Middleware, ADownstreamsIdempotencyHeadersAreNotPassedOn) {
   EXPECT_EQ(replay["Idempotency-Key"], "mine");
   EXPECT_EQ(replay.count("Idempotency-Key"), 1U);
   EXPECT_EQ(replay.count("Idempotency-Key-Retention"), 1U);
+  // With a key header of its own, the downstream's standard one is not sent.
+  middleware_options o;
+  o.scope = [](const http_request&) { return std::optional<std::string>("c1"); };
+  o.key_header = "X-Idem-Key";
+  middleware custom(*m_, pool, std::move(o));
+  http_request req = post("", "100");
+  req.set("X-Idem-Key", "custom");
+  const auto answer = call_answering(custom, std::move(req), downstream);
+  EXPECT_EQ(answer.result_int(), 201U);
+  EXPECT_EQ(answer["X-Idem-Key"], "custom");
+  EXPECT_EQ(answer.count("Idempotency-Key"), 0U);
+  EXPECT_EQ(answer.count("Idempotent-Replayed"), 0U);
 }
 
 // Found in review: a handler's 1xx was recorded, and the server sends a 1xx

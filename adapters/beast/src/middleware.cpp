@@ -355,6 +355,7 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
     const auto own_header = [&](const std::string& name) {
       return boost::beast::iequals(name, "Idempotent-Replayed") ||
              boost::beast::iequals(name, options_.key_header) ||
+             boost::beast::iequals(name, "Idempotency-Key") ||
              boost::beast::iequals(name, "Idempotency-Key-Retention");
     };
     for (const auto& [name, value] : r.headers) {

@@ -20,15 +20,26 @@ namespace {
 
 using ::grpc::StatusCode;
 
-// Whether `r` carries the content type handle() records a reply with (the
-// name in any case: orpheusctl resolve writes "Content-Type").
+// Whether `r`, recorded as a success, can be this method's reply: status
+// 200, and no content type (an operator's resolve before orpheusctl could
+// give one, as docs/grpc.md then said) or handle()'s own; the media type
+// compared without case or parameters (RFC 9110, 8.3.1), the header's name
+// without case (orpheusctl resolve writes "Content-Type").
 bool is_recorded_reply(const response& r) {
-  const auto lower = [](unsigned char c) { return static_cast<char>(std::tolower(c)); };
-  return std::any_of(r.headers.begin(), r.headers.end(), [&](const auto& h) {
-    const std::string_view name = "content-type";
-    return h.second == reply_content_type && h.first.size() == name.size() &&
-           std::equal(h.first.begin(), h.first.end(), name.begin(),
-                      [&](char a, char b) { return lower(static_cast<unsigned char>(a)) == b; });
+  if (r.status != 200) return false;
+  const auto same = [](std::string_view a, std::string_view b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) ==
+                    std::tolower(static_cast<unsigned char>(y));
+           });
+  };
+  return std::all_of(r.headers.begin(), r.headers.end(), [&](const auto& h) {
+    if (!same(h.first, "content-type")) return true;
+    std::string_view type(h.second);
+    type = type.substr(0, type.find(';'));
+    while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+    while (!type.empty() && (type.front() == ' ' || type.front() == '\t')) type.remove_prefix(1);
+    return same(type, reply_content_type);
   });
 }
 
@@ -379,10 +390,10 @@ void idempotent_unary::answer(::grpc::CallbackServerContext* ctx,
   const response& r = out.value();
   if (r.replayed) ctx->AddInitialMetadata("idempotent-replayed", "true");
   if (r.status < 200 || r.status >= 300) return reactor->Finish(status_of_recorded(r));
-  // Only what handle() records is a reply: 200, application/x-protobuf (found
-  // in review: an operator's resolve with 201 and no body parsed as an empty
-  // reply, and the client got OK with no payment in it).
-  if (r.status != 200 || !is_recorded_reply(r) || !reply->ParseFromString(r.body)) {
+  // Only a 200 of this content type (or none) is a reply (found in review:
+  // an operator's resolve with 201 and no body parsed as an empty reply, and
+  // the client got OK with no payment in it).
+  if (!is_recorded_reply(r) || !reply->ParseFromString(r.body)) {
     // Found in review: answered as a final failure, a payment that was
     // made could be re-issued by its client under a new key.
     return reactor->Finish(status_of(

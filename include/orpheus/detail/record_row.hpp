@@ -40,6 +40,10 @@ record record_from_fast_row(const sql_row& row);
 /// latin1_header]); throws storage_error::permanent on anything else.
 std::vector<std::pair<std::string, std::string>> parse_headers(const std::string& json);
 
+/// `headers` as finish() stores them, which parse_headers() reads back as
+/// the same bytes.
+std::string stored_headers_json(const std::vector<std::pair<std::string, std::string>>& headers);
+
 /// The third element of a stored header whose value is not UTF-8.
 inline constexpr std::string_view latin1_header = "latin1";
 

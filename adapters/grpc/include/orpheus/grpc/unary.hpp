@@ -116,11 +116,10 @@ struct unary_options {
 [[nodiscard]] std::string recorded_reply_bytes(const google::protobuf::MessageLite& reply);
 
 /// The content type of a recorded reply: handle() records a method's reply
-/// as status 200, this type and its bytes; only such a record is answered as
-/// the reply (anything else that succeeded is UNAVAILABLE reply_unreadable,
-/// retryable with the same key). Resolving a gRPC method's record by hand:
-/// `orpheusctl resolve ... --status 200 --content-type
-/// application/x-protobuf --body BYTES`.
+/// as status 200, this type and its bytes. A recorded success is answered as
+/// the reply only with status 200 and this content type or none (records an
+/// operator resolved with `--status 200` alone); anything else that
+/// succeeded is UNAVAILABLE reply_unreadable, retryable with the same key.
 inline constexpr const char* reply_content_type = "application/x-protobuf";
 
 /// For clients: whether a failed call may be sent again with the same key.
@@ -154,7 +153,9 @@ class idempotent_unary {
   /// PreState&,] const outcome<T>&) -> Reply`, called for every outcome so
   /// that it can write the application's rows on a failure too (its reply
   /// is then ignored: the failure is recorded, or left retryable, as
-  /// above). The method's name is yours to give: a name copied
+  /// above). As in the core (manager.hpp), the outcome forms are tried
+  /// first: a generic lambda (`const auto&` last) is the every-outcome form,
+  /// so give the success form's value its type. The method's name is yours to give: a name copied
   /// from another method would let one key replay that method's reply.
   template <class Request, class Reply, class Pre, class Rpc, class Post>
   ::grpc::ServerUnaryReactor* handle(std::string_view method, ::grpc::CallbackServerContext* ctx,
