@@ -662,9 +662,10 @@ TEST(GrpcInProcess, ADeclineOfAnRpcThatReturnsAnOutcomeIsAFailureInEveryPostForm
 // Found in review: an operator's resolve with 201 and no body (which
 // orpheusctl allows) was answered OK with an empty payment: an empty body
 // parses as an empty reply. Only a 200 with the adapter's content type, or
-// none (a resolve as docs/grpc.md said before orpheusctl took one), is a
-// reply, the type read without case or parameters; anything else that
-// succeeded is UNAVAILABLE reply_unreadable, retryable with the same key.
+// none and a body (a resolve as docs/grpc.md said before orpheusctl took
+// one), is a reply, the type read without case or parameters; anything else
+// that succeeded is UNAVAILABLE reply_unreadable, retryable with the same
+// key.
 TEST(GrpcInProcess, OnlyARecordedReplyIsAnsweredAsTheReply) {
   declining_service* svc = nullptr;
   in_process_payments p(
@@ -677,7 +678,7 @@ TEST(GrpcInProcess, OnlyARecordedReplyIsAnsweredAsTheReply) {
   ASSERT_TRUE(p.server);
   ASSERT_NE(svc, nullptr);
   svc->bank_down = true;
-  for (const char* key : {"empty", "json-200", "bare-200", "as-documented"}) {
+  for (const char* key : {"empty", "empty-200", "json-200", "bare-200", "as-documented"}) {
     const grpc::Status s = p.pay(key, std::chrono::seconds(20));
     ASSERT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << key << ": " << s.error_message();
   }
@@ -687,6 +688,7 @@ TEST(GrpcInProcess, OnlyARecordedReplyIsAnsweredAsTheReply) {
   paid.set_status("succeeded");
   const std::string bytes = orpheus::grpc::recorded_reply_bytes(paid);
   ASSERT_TRUE(ops.resolve("client:m1", "empty", {201, {}, ""}, "paid, checked with the bank").ok());
+  ASSERT_TRUE(ops.resolve("client:m1", "empty-200", {200, {}, ""}, "paid").ok());
   ASSERT_TRUE(ops.resolve("client:m1", "json-200",
                           {200, {{"Content-Type", "application/json"}}, R"({"id":"pay_43"})"},
                           "paid")
@@ -698,7 +700,7 @@ TEST(GrpcInProcess, OnlyARecordedReplyIsAnsweredAsTheReply) {
              {200, {{"Content-Type", "Application/X-Protobuf; proto=payments.v1.Payment"}}, bytes},
              "paid")
           .ok());
-  for (const char* key : {"empty", "json-200"}) {
+  for (const char* key : {"empty", "empty-200", "json-200"}) {
     payments::v1::Payment reply;
     const grpc::Status s = p.pay(key, std::chrono::seconds(20), &reply);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << key << ": " << s.error_message();
@@ -710,7 +712,7 @@ TEST(GrpcInProcess, OnlyARecordedReplyIsAnsweredAsTheReply) {
     ASSERT_TRUE(s.ok()) << key << ": " << s.error_message();
     EXPECT_EQ(reply.id(), "pay_43") << key;
   }
-  EXPECT_EQ(svc->rpcs, 4);
+  EXPECT_EQ(svc->rpcs, 5);
   p.pool.drain();
   p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
 }

@@ -21,10 +21,11 @@ namespace {
 using ::grpc::StatusCode;
 
 // Whether `r`, recorded as a success, can be this method's reply: status
-// 200, and no content type (an operator's resolve before orpheusctl could
-// give one, as docs/grpc.md then said) or handle()'s own; the media type
-// compared without case or parameters (RFC 9110, 8.3.1), the header's name
-// without case (orpheusctl resolve writes "Content-Type").
+// 200, and handle()'s own content type (the media type compared without case
+// or parameters, RFC 9110 8.3.1; the header's name without case: orpheusctl
+// resolve writes "Content-Type"), or none and a body (an operator's resolve
+// before orpheusctl could give a type, as docs/grpc.md then said; without a
+// body it would answer OK with an empty reply, found in review).
 bool is_recorded_reply(const response& r) {
   if (r.status != 200) return false;
   const auto same = [](std::string_view a, std::string_view b) {
@@ -33,14 +34,17 @@ bool is_recorded_reply(const response& r) {
                     std::tolower(static_cast<unsigned char>(y));
            });
   };
-  return std::all_of(r.headers.begin(), r.headers.end(), [&](const auto& h) {
+  bool typed = false;
+  const bool all_protobuf = std::all_of(r.headers.begin(), r.headers.end(), [&](const auto& h) {
     if (!same(h.first, "content-type")) return true;
+    typed = true;
     std::string_view type(h.second);
     type = type.substr(0, type.find(';'));
     while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
     while (!type.empty() && (type.front() == ' ' || type.front() == '\t')) type.remove_prefix(1);
     return same(type, reply_content_type);
   });
+  return all_protobuf && (typed || !r.body.empty());
 }
 
 // Every value of `name`, joined with ", " as HTTP/2 may carry them (for

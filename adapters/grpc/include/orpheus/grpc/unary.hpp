@@ -117,9 +117,10 @@ struct unary_options {
 
 /// The content type of a recorded reply: handle() records a method's reply
 /// as status 200, this type and its bytes. A recorded success is answered as
-/// the reply only with status 200 and this content type or none (records an
-/// operator resolved with `--status 200` alone); anything else that
-/// succeeded is UNAVAILABLE reply_unreadable, retryable with the same key.
+/// the reply only with status 200 and this content type, or none and a
+/// body (records an operator resolved with `--status 200` and the bytes);
+/// anything else that succeeded is UNAVAILABLE reply_unreadable, retryable
+/// with the same key.
 inline constexpr const char* reply_content_type = "application/x-protobuf";
 
 /// For clients: whether a failed call may be sent again with the same key.
