@@ -394,8 +394,8 @@ void idempotent_unary::answer(::grpc::CallbackServerContext* ctx,
   const response& r = out.value();
   if (r.replayed) ctx->AddInitialMetadata("idempotent-replayed", "true");
   if (r.status < 200 || r.status >= 300) return reactor->Finish(status_of_recorded(r));
-  // Only a 200 of this content type (or none) is a reply (found in review:
-  // an operator's resolve with 201 and no body parsed as an empty reply, and
+  // Only what is_recorded_reply() takes is a reply (found in review: an
+  // operator's resolve with 201 and no body parsed as an empty reply, and
   // the client got OK with no payment in it).
   if (!is_recorded_reply(r) || !reply->ParseFromString(r.body)) {
     // Found in review: answered as a final failure, a payment that was

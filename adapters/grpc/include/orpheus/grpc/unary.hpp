@@ -194,9 +194,9 @@ template <class Request, class Reply, class Pre, class Rpc, class Post>
   // outcome<T> made value_t outcome<T>, an every-outcome Post-RPC was taken
   // for the success-only form, and a decline was recorded as a 200 OK).
   using value_t = typename orpheus::detail::outcome_of_rpc<Rpc, pre_state>::value_type;
-  // Post-RPC in one of three forms: on success, with or without the Pre-RPC
-  // result, or on every outcome (to write the application's rows on a
-  // failure too; its reply is then ignored and the failure recorded).
+  // Post-RPC in one of four forms: on success or on every outcome (to write
+  // the application's rows on a failure too; its reply is then ignored and
+  // the failure recorded), each with or without the Pre-RPC result.
   constexpr bool post_on_outcome =
       std::is_invocable_v<Post&, tx&, const attempt&, const pre_state&, const outcome<value_t>&>;
   // The same without the Pre-RPC result. Tried before the success forms, in
