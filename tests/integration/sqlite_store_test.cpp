@@ -329,7 +329,10 @@ TEST(SqliteStore, AJobWhoseCallerGaveUpIsNeverPutBackInLine) {
   await_waiting(*s, 1);
   auto b = failure_of([&s] {
     insert_as_job(*s, "b", [](backend_tx& t) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past a's busy_timeout
+      // Far past a's busy_timeout (200 ms): a's caller must have given up
+      // before this batch ends, even on a loaded machine under ASan (300 ms
+      // once failed there: a was still waited for, put back and committed).
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));
       t.execute("INSERT INTO gc_rows (id) VALUES ('bad')");
     });
   });
