@@ -189,14 +189,7 @@ class session : public std::enable_shared_from_this<session> {
   // does.
   void close_if_idle() {
     net::post(stream_.get_executor(), [self = shared_from_this()] {
-      // Bytes already on the socket are a request begun, not idleness
-      // (found in the ASan run: at the descriptor limit a connection
-      // accepted with its request in the kernel's buffer, not read yet, was
-      // closed, and its client read a reset).
-      boost::beast::error_code ec;
-      if (self->idle_since_.load() >= 0 && self->stream_.socket().available(ec) == 0) {
-        self->close();
-      }
+      if (self->idle_since_.load() >= 0) self->close();
     });
   }
 
