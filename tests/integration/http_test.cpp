@@ -669,40 +669,6 @@ TEST_P(Http, KeepsAcceptingAfterRunningOutOfFileDescriptors) {
   EXPECT_EQ(pay("after-emfile", 100).result_int(), 201U);
 }
 
-// Found in review: below --max-connections (its default of 1024 under a
-// `ulimit -n` of 1024), connections held open and silent took every
-// descriptor, and the server only waited for them to go (here for the
-// minute of --header-timeout-ms): a newcomer was not answered. As at the
-// cap, the connection idle longest now makes room for it.
-TEST_P(Http, AtTheDescriptorLimitAnIdleConnectionMakesRoomForANewcomer) {
-  start_bank();
-  auto argv = payments_argv({"--header-timeout-ms", "60000"});
-  argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nofile=64"});
-  payments_.start(argv);
-  struct descriptors {  // closed however the test ends; never inherited
-    std::vector<int> fds;
-    ~descriptors() {
-      for (const int fd : fds) ::close(fd);
-    }
-  } idle;
-  for (int i = 0; i < 100; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
-    idle.fds.push_back(fd);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(payments_.port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  }
-  // Every one of them still open (the backlog's are accepted first, each
-  // after an idle one made room), the newcomer is answered.
-  http_response health;
-  EXPECT_NO_THROW(health = send(payments_.port, http_request{http::verb::get, "/healthz", 11},
-                                std::chrono::seconds(20)));
-  EXPECT_EQ(health.result_int(), 200U);
-}
-
 // Issue 7, defect 7: SIGTERM while many payments are in flight. The process
 // exits 0 (no crash: the work pool used to run its last jobs on a destroyed
 // middleware), and every payment a client was told succeeded is recorded.

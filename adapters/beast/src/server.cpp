@@ -413,12 +413,7 @@ void server::impl::on_accept(boost::beast::error_code ec, tcp::socket s) {
       ec == boost::system::errc::no_buffer_space || ec == boost::system::errc::not_enough_memory) {
     // The connection stays in the listen backlog. Accepting again at once
     // would fail again at once (a busy loop on the io thread): wait until
-    // some connection has had time to close. Found in review: below
-    // max_connections (its default of 1024 under a `ulimit -n` of 1024),
-    // connections kept idle held every descriptor and nothing closed them
-    // for a newcomer; as at the cap, the one idle longest makes room (one
-    // with a request in flight never does).
-    if (auto idlest = idlest_of(alive_sessions())) idlest->close_if_idle();
+    // some connection has had time to close.
     backoff.expires_after(options.accept_backoff);
     backoff.async_wait([self = shared_from_this()](boost::beast::error_code e) {
       if (!e) self->accept_next();
