@@ -1058,8 +1058,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       // A new key's refusal is final: nothing of it was kept (the
       // application's own bad SQL in Pre-RPC, say). Not a held key's.
       if (seen && !e.retryable() && e.code() != codes::nested_transaction) {
-        if (held) throw_refused_on_held_key(e, held, /*read_in_full=*/true);
-        throw_refused_on_held_key(e, seen, /*read_in_full=*/false);
+        throw_refused_on_held_key(e, held ? held : seen, /*read_in_full=*/held.has_value());
       }
       throw;
     }

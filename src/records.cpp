@@ -67,8 +67,6 @@ std::string select_fast(const sql_dialect& d) {
          " AS r, headers AS h, body AS b FROM orpheus_records WHERE scope = ? AND idem_key = ?";
 }
 
-std::string headers_json(const response& r) { return stored_headers_json(r.headers); }
-
 // Error texts and operators' notes go to BLOB columns: 64 KiB on MySQL,
 // whose strict mode (MariaDB's default) refuses a longer value. Found in
 // review: a final failure carrying a whole downstream error page was never
@@ -431,7 +429,7 @@ bool record_tx::finish(const request_id& id, std::string_view owner, record_stat
   }
   const sql_value p[] = {std::int64_t{static_cast<int>(s)},
                          std::int64_t{r.status},
-                         headers_json(r),
+                         stored_headers_json(r.headers),
                          r.body,
                          stored_text(last_error),
                          t.retention_us,
@@ -523,7 +521,7 @@ bool record_tx::resolve(const request_id& id, record_state s, const response& r,
   }
   const sql_value p[] = {std::int64_t{static_cast<int>(s)},
                          std::int64_t{r.status},
-                         headers_json(r),
+                         stored_headers_json(r.headers),
                          r.body,
                          stored_text(note),
                          t.retention_us,

@@ -129,11 +129,6 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   void accept_next();
   void wait_for_newcomer();
   void make_room();
-  // Every session still open. Locks the mutex: the caller lets them go
-  // after it (a session's last owner runs its destructor, which locks it).
-  std::vector<std::shared_ptr<session>> alive_sessions();
-  // Of `alive`, the connection idle longest; none when none is idle.
-  static std::shared_ptr<session> idlest_of(const std::vector<std::shared_ptr<session>>& alive);
   void session_closed();
 
   // Posts `f` to the io_context unless the server has stopped: after stop()
@@ -478,19 +473,33 @@ void server::impl::make_room() {
   // Every session locked here is let go after the mutex (found in review: a
   // session whose last other owner let go meanwhile was destroyed under the
   // lock, and its destructor's session_closed() locked it again).
+  std::vector<std::shared_ptr<session>> alive;
+  std::shared_ptr<session> idlest;
   {
     std::lock_guard lock(mutex);
     if (!paused || !accepting || stopped) {
       watching = false;
       return;
     }
+    alive.reserve(sessions.size());
+    for (const auto& w : sessions) {
+      if (auto s = w.lock()) alive.push_back(std::move(s));
+    }
   }
   // Only for a newcomer still waiting: an accept resumed meanwhile may have
   // taken the one this loop woke for (found in review).
   pollfd listening{acceptor.native_handle(), POLLIN, 0};
   if (::poll(&listening, 1, 0) == 1 && (listening.revents & POLLIN) != 0) {
-    if (auto idlest = idlest_of(alive_sessions())) idlest->close_if_idle();
+    std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
+    for (const auto& s : alive) {
+      const std::int64_t since = s->idle_since();
+      if (since >= 0 && since < oldest) {
+        oldest = since;
+        idlest = s;
+      }
+    }
   }
+  if (idlest) idlest->close_if_idle();
   cap_timer.expires_after(options.accept_backoff);
   cap_timer.async_wait([self = shared_from_this()](boost::beast::error_code ec) {
     if (ec) {
@@ -500,30 +509,6 @@ void server::impl::make_room() {
     }
     self->wait_for_newcomer();
   });
-}
-
-std::vector<std::shared_ptr<session>> server::impl::alive_sessions() {
-  std::vector<std::shared_ptr<session>> alive;
-  std::lock_guard lock(mutex);
-  alive.reserve(sessions.size());
-  for (const auto& w : sessions) {
-    if (auto s = w.lock()) alive.push_back(std::move(s));
-  }
-  return alive;
-}
-
-std::shared_ptr<session> server::impl::idlest_of(
-    const std::vector<std::shared_ptr<session>>& alive) {
-  std::shared_ptr<session> idlest;
-  std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
-  for (const auto& s : alive) {
-    const std::int64_t since = s->idle_since();
-    if (since >= 0 && since < oldest) {
-      oldest = since;
-      idlest = s;
-    }
-  }
-  return idlest;
 }
 
 void server::impl::session_closed() {
