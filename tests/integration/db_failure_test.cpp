@@ -14,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -75,14 +76,53 @@ class DbFailure : public testing::Test {
     scope_ = "fail-" + random_hex();
   }
 
-  static std::unique_ptr<mysql_store> make(const std::string& user = "u") {
+  static std::unique_ptr<mysql_store> make(
+      const std::string& user = "u", std::chrono::seconds lock_wait = std::chrono::seconds(5)) {
     mysql_options o;
     o.shards.push_back(mysql_shard{"127.0.0.1", port_, user, "p", "d"});
     o.connect_timeout = std::chrono::seconds(2);
     o.read_timeout = std::chrono::seconds(10);
     o.pool_wait = std::chrono::milliseconds(2000);
+    o.lock_wait_timeout = lock_wait;
     return std::make_unique<mysql_store>(o);
   }
+
+  // Runs SQL on this suite's server with the mariadb client (the store's
+  // transactions refuse SET GLOBAL) and gives back what it printed.
+  static std::string server_sql(const std::string& sql) {
+    const std::string cmd = "mariadb --no-defaults --protocol=tcp -h127.0.0.1 -P" +
+                            std::to_string(port_) + " -uu -pp -N -B -e \"" + sql + "\"";
+    std::string out;
+    if (std::FILE* f = ::popen(cmd.c_str(), "r")) {
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
+      EXPECT_EQ(::pclose(f), 0) << cmd;
+    }
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  }
+
+  // A global variable of this suite's server (its own: nothing else runs on
+  // it) set for the life of this object, then put back. `value` is SQL.
+  class global_setting {
+   public:
+    global_setting(std::string name, const std::string& value)
+        : name_(std::move(name)), old_(server_sql("SELECT @@GLOBAL." + name_)) {
+      server_sql("SET GLOBAL " + name_ + " = " + value);
+    }
+    global_setting(const global_setting&) = delete;
+    global_setting& operator=(const global_setting&) = delete;
+    ~global_setting() {
+      const bool number =
+          !old_.empty() && old_.find_first_not_of("0123456789") == std::string::npos;
+      server_sql("SET GLOBAL " + name_ + " = " + (number ? old_ : "'" + old_ + "'"));
+    }
+    [[nodiscard]] const std::string& old() const { return old_; }
+
+   private:
+    std::string name_;
+    std::string old_;
+  };
 
   request_id id(const std::string& key) const { return {scope_, key, fingerprint_of("x")}; }
 
@@ -569,26 +609,10 @@ TEST_F(DbFailure, LostConnectionDuringCommitIsInDoubtAndTheRetryResolvesIt) {
 // instead of its replay. This suite's server is its own, so its global
 // sql_mode may change (restored at the end).
 TEST_F(DbFailure, AServerThatReadsEmptyStringLiteralsAsNullStillReplays) {
-  // With the mariadb client: the store's transactions refuse SET GLOBAL.
-  const auto client = [](const std::string& sql) {
-    const std::string cmd = "mariadb --no-defaults --protocol=tcp -h127.0.0.1 -P" +
-                            std::to_string(port_) + " -uu -pp -N -B -e \"" + sql + "\"";
-    std::string out;
-    if (std::FILE* f = ::popen(cmd.c_str(), "r")) {
-      char buf[512];
-      while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
-      EXPECT_EQ(::pclose(f), 0) << cmd;
-    }
-    while (!out.empty() && out.back() == '\n') out.pop_back();
-    return out;
-  };
-  const std::string global_mode = client("SELECT @@GLOBAL.sql_mode");
-  client("SET GLOBAL sql_mode = '" + (global_mode.empty() ? std::string() : global_mode + ",") +
-         "EMPTY_STRING_IS_NULL'");
-  struct restore {
-    std::function<void()> f;
-    ~restore() { f(); }
-  } restored{[&] { client("SET GLOBAL sql_mode = '" + global_mode + "'"); }};
+  const std::string global_mode = server_sql("SELECT @@GLOBAL.sql_mode");
+  const global_setting empty_is_null(
+      "sql_mode",
+      "'" + (global_mode.empty() ? std::string() : global_mode + ",") + "EMPTY_STRING_IS_NULL'");
 
   auto s = make();  // new connections: the server's new sql_mode
   {
@@ -607,6 +631,119 @@ TEST_F(DbFailure, AServerThatReadsEmptyStringLiteralsAsNullStillReplays) {
   const auto charges = b.charges();
   ASSERT_EQ(charges.size(), 1U);
   EXPECT_EQ(charges.begin()->second, 1);
+}
+
+// Found in review: on MariaDB the fenced write of a transaction travels in
+// one compound statement with its COMMIT, and every error of that statement
+// was taken for the COMMIT's, in doubt. The three below never reached the
+// COMMIT: nothing committed, and the answer now says so.
+
+// Transaction 2's write waits on the record row, which another session (an
+// operator's, here) holds, until the lock wait runs out.
+TEST_F(DbFailure, ALockWaitBeforeTheCompoundCommitIsNotInDoubt) {
+  auto s = make("u", std::chrono::seconds(1));
+  config cfg;
+  cfg.lease = std::chrono::milliseconds(1500);  // the held-off lease runs out soon
+  cfg.rpc_timeout = std::chrono::milliseconds(1000);
+  manager m(*s, cfg);
+  bank b;
+  const auto rid = id("lock-before-commit");
+  auto other = make();
+  std::unique_ptr<detail::record_tx> holder;
+  try {
+    m.process(
+        rid, [&](tx&) { return rid.key; },
+        [&](const attempt& a, const std::string&) { return b.charge(a); },
+        [&](tx&, const attempt&, const outcome<std::string>& o) {
+          holder = detail::begin_record_tx(*other, rid);
+          EXPECT_TRUE(holder->lock(rid));
+          return response{201, {}, o.ok() ? o.value() : o.error().code};
+        });
+    ADD_FAILURE() << "a write that waited out its lock was reported as success";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_FALSE(e.in_doubt()) << e.what();
+    EXPECT_EQ(e.code(), codes::storage_unavailable) << e.what();
+  }
+  ASSERT_TRUE(holder);
+  holder->rollback();
+  // The charge went through and was not recorded. The attempt could not
+  // release its lease (the row was still held): the retry that takes it over
+  // once it runs out asks the bank instead of charging again.
+  std::optional<response> r;
+  for (int i = 0; i < 50 && !r; ++i) {
+    try {
+      r = pay(m, rid, b);
+    } catch (const error& e) {
+      ASSERT_EQ(e.code(), codes::in_progress) << e.what();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 201);
+  ASSERT_EQ(b.charges().size(), 1U);
+  EXPECT_EQ(b.charges().begin()->second, 1);
+}
+
+// A Pre-RPC result longer than its column (MEDIUMBLOB: 16 MiB) is a final
+// refusal, as it is where the write and the COMMIT go apart (MySQL 8); it
+// was in doubt, and its client retried it until the retry window closed.
+// It reaches the server only with a max_allowed_packet over 16 MiB.
+TEST_F(DbFailure, APreRpcResultTooLongForItsColumnIsRefusedNotLeftInDoubt) {
+  const global_setting packet("max_allowed_packet", "67108864");
+  auto s = make();  // new connections: the server's new max_allowed_packet
+  manager m(*s);
+  bank b;
+  const auto rid = id("pre-rpc-too-long");
+  const std::string big(std::size_t{17} * 1024 * 1024, 'x');
+  try {
+    m.process(
+        rid, [&](tx&) { return big; },
+        [&](const attempt& a, const std::string&) { return b.charge(a); },
+        [](tx&, const attempt&, const outcome<std::string>&) {
+          return response{201, {}, ""};
+        });
+    ADD_FAILURE() << "a Pre-RPC result longer than its column was stored";
+  } catch (const error& e) {
+    EXPECT_FALSE(e.retryable()) << e.what();
+    EXPECT_FALSE(e.in_doubt()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1406"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(s->read(rid));
+  EXPECT_TRUE(b.charges().empty());
+}
+
+// The server refuses to prepare the compound statement (its
+// max_prepared_stmt_count is reached: a fleet's pooled connections can fill
+// it). Nothing ran, so nothing is in doubt, and the retry goes through.
+TEST_F(DbFailure, ACommitThatCannotBePreparedIsNotInDoubt) {
+  auto s = make();  // new connections: nothing prepared on them yet
+  manager m(*s);
+  bank b;
+  const auto rid = id("commit-not-prepared");
+  std::optional<global_setting> full;
+  try {
+    m.process(
+        rid,
+        [&](tx&) {
+          full.emplace("max_prepared_stmt_count", "0");
+          return rid.key;
+        },
+        [&](const attempt& a, const std::string&) { return b.charge(a); },
+        [](tx&, const attempt&, const outcome<std::string>&) {
+          return response{201, {}, ""};
+        });
+    ADD_FAILURE() << "a COMMIT that could not be prepared was reported as success";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_FALSE(e.in_doubt()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1461"), std::string::npos) << e.what();
+  }
+  full.reset();
+  EXPECT_FALSE(s->read(rid));
+  EXPECT_TRUE(b.charges().empty());
+  EXPECT_EQ(pay(m, rid, b).status, 201);
+  ASSERT_EQ(b.charges().size(), 1U);
 }
 
 }  // namespace

@@ -72,6 +72,20 @@ class MysqlStore : public testing::Test {
     };
   }
 
+  // One request through store_, so that its connection has prepared the
+  // statements that commit before a test kills it: a connection lost while
+  // one is being prepared ran nothing, and is not in doubt
+  // (DbFailure.ACommitThatCannotBePreparedIsNotInDoubt).
+  void prepare_the_commits() {
+    manager warm(*store_);
+    warm.process(
+        id("warm-" + test::random_hex(4)), [](tx&) { return 0; },
+        [](const attempt&, int) { return 0; },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {}, ""};
+        });
+  }
+
   bool handler_row_exists(const std::string& k) {
     auto t = store_->begin_on_shard(0);
     const auto rows = t->query("SELECT k FROM mysql_test_rows WHERE k = ?", k);
@@ -913,6 +927,7 @@ TEST_F(MysqlStore, PreStateSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenc
 // A connection lost while the statement that stores the Pre-RPC result and
 // commits is running: in doubt, never "nothing happened"; the retry finds out.
 TEST_F(MysqlStore, LostConnectionDuringTheCommitThatStoresThePreRpcResultIsInDoubt) {
+  prepare_the_commits();
   test::forwarding_store s(*store_);
   std::int64_t victim = 0;
   kill_before_commit(s, 0, victim);  // transaction 1
@@ -1039,6 +1054,7 @@ TEST_F(MysqlStore, OnMariaDbTheFencedWritesRideOnTheCommit) {
 // A connection lost while the statement that records the result and commits
 // is running: in doubt, and the key stays open for a retry to finish.
 TEST_F(MysqlStore, LostConnectionDuringTheCommitThatRecordsTheResultIsInDoubt) {
+  prepare_the_commits();
   test::forwarding_store s(*store_);
   std::int64_t victim = 0;
   kill_before_commit(s, 1, victim);  // transaction 2

@@ -152,7 +152,15 @@ class mysql_tx final : public backend_tx {
     done_ = true;
     const std::optional<fenced_write> w = std::move(deferred_);
     deferred_.reset();
+    // The block, prepared apart from its run: a refusal to prepare it
+    // (max_prepared_stmt_count, 1461) ran nothing, so it is not in doubt
+    // (found in review: it was reported commit_in_doubt).
+    sql::PreparedStatement* block = nullptr;
     try {
+      if (w) {
+        block = conn_.guarded("prepare the commit",
+                              [&](connection& c) { return &c.prepare(and_commit(w->sql)); });
+      }
       conn_.guarded(
           "commit",
           [&](connection& c) {
@@ -161,9 +169,24 @@ class mysql_tx final : public backend_tx {
               return;
             }
             // Fails, like COMMIT, in doubt when the connection dies in it.
-            auto& ps = c.prepare(and_commit(w->sql));
-            mysql_detail::bind(ps, std::span<const sql_value>(w->params));
-            ps.execute();
+            mysql_detail::bind(*block, std::span<const sql_value>(w->params));
+            try {
+              block->execute();
+            } catch (const sql::SQLException& e) {
+              // An error on a live link with the session still inside the
+              // transaction came from the block's UPDATE: its COMMIT never
+              // ran. It is judged as the UPDATE's, not the COMMIT's (found
+              // in review: a lock wait timeout on the record row was in
+              // doubt, and a Pre-RPC result too long for its column was
+              // retried for ever instead of refused).
+              const auto v = mysql_detail::judge(e, /*in_commit=*/true, c.rollback_on_timeout());
+              if (e.getErrorCode() != signal_exception && v.in_doubt && !v.connection_broken &&
+                  still_in_transaction(c)) {
+                throw mysql_detail::classify(e, "the fenced write before the commit",
+                                             /*in_commit=*/false, c.rollback_on_timeout());
+              }
+              throw;
+            }
           },
           /*in_commit=*/true);
     } catch (const storage_error&) {
@@ -216,6 +239,18 @@ class mysql_tx final : public backend_tx {
     return "BEGIN NOT ATOMIC " + std::string(update) +
            "; IF ROW_COUNT() <> 1 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'orpheus: lease "
            "not held'; END IF; COMMIT; END";
+  }
+
+  /// Whether the session is inside a transaction (MariaDB's
+  /// @@in_transaction), asked after a compound block failed: then its
+  /// COMMIT never ran. False when the question itself fails: in doubt.
+  static bool still_in_transaction(connection& c) noexcept {
+    try {
+      std::unique_ptr<sql::ResultSet> r(c.prepare("SELECT @@in_transaction").executeQuery());
+      return r->next() && r->getInt(1) == 1;
+    } catch (...) {
+      return false;
+    }
   }
 
   /// ER_SIGNAL_EXCEPTION: raised by the fence of a compound block.
