@@ -78,7 +78,10 @@ Usage: payments_server --bank URL --api-keys FILE [flags]
                         only wait for the pooled connections
   --queue N             requests queued for them before 503 (default 256)
   --max-connections N   connections served at once; more wait in the listen
-                        backlog (default 1024; keep it under `ulimit -n`)
+                        backlog (default 1024; lowered, with a warning, to
+                        `ulimit -n` minus --descriptor-reserve)
+  --descriptor-reserve N  file descriptors kept for the store and the bank
+                        (default 128)
   --idle-timeout-ms N   close a keep-alive connection idle this long (60000)
   --header-timeout-ms N close a connection whose request header takes longer
                         (default 10000)
@@ -147,6 +150,7 @@ int main(int argc, char** argv) {
   const long workers = f.num("workers", is_sqlite(store_specs) ? 32 : 8, 1, 4096);
   const long queue = f.num("queue", 256, 1, 1L << 20);
   const long max_connections = f.num("max-connections", 1024, 1, 1L << 20);
+  const long descriptor_reserve = f.num("descriptor-reserve", 128, 0, 1L << 20);
   // At most a year, as orpheus::beast::server takes (refused here, before
   // the store is opened).
   constexpr long year_ms = 365L * 24 * 3600 * 1000;
@@ -261,6 +265,7 @@ int main(int argc, char** argv) {
     server_options.port = static_cast<unsigned short>(port);
     server_options.io_threads = 2;
     server_options.max_connections = static_cast<std::size_t>(max_connections);
+    server_options.descriptor_reserve = static_cast<std::size_t>(descriptor_reserve);
     server_options.idle_timeout = std::chrono::milliseconds(idle_timeout);
     server_options.header_timeout = std::chrono::milliseconds(header_timeout);
     orpheus::beast::server server(

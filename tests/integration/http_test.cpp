@@ -633,7 +633,9 @@ TEST_P(Http, ACustomerOrCurrencyThatIsNotTextIs400AndNothingIsCharged) {
 // ASan's own checks do not need a descriptor.
 TEST_P(Http, KeepsAcceptingAfterRunningOutOfFileDescriptors) {
   start_bank();
-  auto argv = payments_argv();
+  // With no reserve the connection cap is the limit itself, which the
+  // server's other descriptors make it run into first.
+  auto argv = payments_argv({"--descriptor-reserve", "0"});
   argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nofile=64"});
   payments_.start(argv);
   std::vector<int> idle;
@@ -667,6 +669,43 @@ TEST_P(Http, KeepsAcceptingAfterRunningOutOfFileDescriptors) {
       send(payments_.port, http_request{http::verb::get, "/healthz", 11}, std::chrono::seconds(20));
   EXPECT_EQ(health.result_int(), 200U);
   EXPECT_EQ(pay("after-emfile", 100).result_int(), 201U);
+}
+
+// Found in review: with --max-connections above the descriptor limit (its
+// default of 1024 under a `ulimit -n` of 1024), connections held open and
+// silent took every descriptor before the cap was reached, and the server
+// only waited for them to go (here for the minute of --header-timeout-ms):
+// a newcomer was not answered. The cap is now lowered to the limit minus
+// server_options::descriptor_reserve, here 64 - 32 = 32, and at the cap the
+// connection idle longest makes room for the newcomer (one every
+// accept_backoff, 100 ms, while silent ones are ahead of it in the backlog).
+TEST_P(Http, SilentConnectionsMeetTheCapBeforeTheDescriptorLimit) {
+  start_bank();
+  auto argv = payments_argv({"--header-timeout-ms", "60000", "--descriptor-reserve", "32"});
+  argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nofile=64"});
+  payments_.start(argv);
+  struct descriptors {  // closed however the test ends; never inherited
+    std::vector<int> fds;
+    ~descriptors() {
+      for (const int fd : fds) ::close(fd);
+    }
+  } silent;
+  for (int i = 0; i < 80; ++i) {  // more than the server's 64 descriptors
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    silent.fds.push_back(fd);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(payments_.port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  }
+  // Every one of them still open (those in the backlog are accepted first,
+  // each after an idle one made room), the newcomer is answered.
+  http_response health;
+  EXPECT_NO_THROW(health = send(payments_.port, http_request{http::verb::get, "/healthz", 11},
+                                std::chrono::seconds(20)));
+  EXPECT_EQ(health.result_int(), 200U);
 }
 
 // Issue 7, defect 7: SIGTERM while many payments are in flight. The process

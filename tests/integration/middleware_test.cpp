@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -1507,6 +1508,38 @@ TEST(Server, AtMaxConnectionsANewcomerTakesTheIdlestPlaceNeverABusyOne) {
   EXPECT_TRUE(first.closed_by_server());
   ASSERT_TRUE(second.write(healthz));
   EXPECT_NE(second.read_until("ok"), "") << "the more recently used connection stays";
+}
+
+// Found in review: a cap above the descriptor limit (the default 1024
+// under a `ulimit -n` of 1024) let silent connections take every descriptor
+// before it was reached, where nothing makes room for a newcomer
+// (Http.SilentConnectionsMeetTheCapBeforeTheDescriptorLimit). The cap is
+// lowered to the limit minus descriptor_reserve; a reserve that leaves no
+// room is refused.
+TEST(Server, TheConnectionCapLeavesTheReserveOfTheDescriptorLimit) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit lowered = saved;
+  lowered.rlim_cur = std::min<rlim_t>(saved.rlim_max, 1024);
+  ASSERT_GT(lowered.rlim_cur, 200U);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  struct restore {
+    rlimit limit;
+    ~restore() { ::setrlimit(RLIMIT_NOFILE, &limit); }
+  } restored{saved};
+  const auto limit = static_cast<std::size_t>(lowered.rlim_cur);
+  const auto cap_of = [](std::size_t max_connections, std::size_t reserve) {
+    server_options o;
+    o.max_connections = max_connections;
+    o.descriptor_reserve = reserve;
+    const server s(o, [](http_request&&, responder respond) { respond(make_response(200, "")); });
+    return s.max_connections();
+  };
+  EXPECT_EQ(cap_of(100000, 128), limit - 128);
+  EXPECT_EQ(cap_of(limit, 50), limit - 50);
+  EXPECT_EQ(cap_of(10, 128), 10U) << "a cap within the room stays";
+  EXPECT_EQ(cap_of(0, 128), 0U) << "no cap, as asked";
+  EXPECT_THROW(cap_of(10, limit), config_error);
 }
 
 // Found in review: connections that had sent nothing were not idle to

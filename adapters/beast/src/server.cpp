@@ -3,6 +3,7 @@
 #include "orpheus/beast/server.hpp"
 
 #include <poll.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,8 @@
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "orpheus/log.hpp"
 
 namespace orpheus::beast {
 
@@ -520,6 +523,39 @@ void server::impl::session_closed() {
   }
 }
 
+namespace {
+
+// max_connections as the descriptor limit leaves room for it. Found in
+// review: with the cap above the limit (the default 1024 under a `ulimit -n`
+// of 1024), connections held open and silent took every descriptor before
+// the cap was reached. accept() then failed (EMFILE) and a newcomer waited
+// for their timeouts, as nothing can be closed for it there; at the cap, the
+// idlest connection makes room for it (make_room). HAProxy derives its
+// maxconn from the limit the same way.
+std::size_t connection_cap(std::size_t configured, std::size_t reserve) {
+  if (configured == 0) return 0;  // no cap, as asked
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return configured;
+  }
+  const auto descriptors = static_cast<std::size_t>(limit.rlim_cur);
+  if (descriptors <= reserve) {
+    throw config_error("server: the file descriptor limit (ulimit -n) is " +
+                       std::to_string(descriptors) + ", which leaves no room for connections " +
+                       "beyond descriptor_reserve (" + std::to_string(reserve) +
+                       "): raise the limit or lower the reserve");
+  }
+  const std::size_t room = descriptors - reserve;
+  if (configured <= room) return configured;
+  log(log_level::warning, "server: max_connections " + std::to_string(configured) + " lowered to " +
+                              std::to_string(room) + ": the file descriptor limit (ulimit -n) is " +
+                              std::to_string(descriptors) + ", and descriptor_reserve keeps " +
+                              std::to_string(reserve) + " for the database and downstream calls");
+  return room;
+}
+
+}  // namespace
+
 server::server(server_options options, handler h) : impl_(std::make_shared<impl>()) {
   // Beast 1.74 keeps a header field's name and value lengths in 16 bits and
   // throws std::length_error from inside the parser for a longer one, which
@@ -540,6 +576,7 @@ server::server(server_options options, handler h) : impl_(std::make_shared<impl>
       throw config_error(std::string("server: ") + name + " must be positive and at most a year");
     }
   }
+  options.max_connections = connection_cap(options.max_connections, options.descriptor_reserve);
   impl_->options = std::move(options);
   impl_->on_request = std::move(h);
   boost::beast::error_code ec;
@@ -567,6 +604,8 @@ server::~server() {
 }
 
 unsigned short server::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+std::size_t server::max_connections() const { return impl_->options.max_connections; }
 
 void server::start() {
   impl_->work.emplace(impl_->ioc.get_executor());

@@ -26,7 +26,9 @@
 //
 // Accepting never stops for good (issue 7: one EMFILE used to end the accept
 // loop): with no file descriptor left the server waits `accept_backoff` and
-// tries again. With `max_connections` open it accepts no more until one
+// tries again. `max_connections` is kept under the descriptor limit (see
+// server_options), so that open connections meet it first. With
+// `max_connections` open it accepts no more until one
 // closes (the kernel's listen backlog holds the rest); while a newcomer waits
 // there, the connection idle longest (a kept-alive one waiting for its next
 // request, or a new one that has sent nothing yet) is closed to make room (an
@@ -73,9 +75,15 @@ struct server_options {
   /// 1 to max_header_limit (config_error otherwise).
   std::size_t header_limit = std::size_t{8} * 1024;
   std::size_t body_limit = std::size_t{64} * 1024;
-  /// Connections served at once; 0: no cap. Keep it below the process's
-  /// file descriptor limit, with room for the database and downstream calls.
+  /// Connections served at once; 0: no cap. Never more than the process's
+  /// file descriptor limit (RLIMIT_NOFILE, `ulimit -n`) minus
+  /// descriptor_reserve: a higher figure is lowered to that when the server
+  /// is made, and a warning logged (see max_connections() below).
   std::size_t max_connections = 1024;
+  /// Descriptors kept for everything else the process opens: its database
+  /// connections and files, downstream calls, logs. A descriptor limit not
+  /// above it is a config_error (unless max_connections is 0).
+  std::size_t descriptor_reserve = 128;
   /// A keep-alive connection waiting this long for its next request is closed.
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
   /// A request's header block must arrive within this, from its first byte
@@ -127,6 +135,11 @@ class server {
   ~server();  ///< stop()
 
   [[nodiscard]] unsigned short port() const;
+  /// The cap in force: server_options::max_connections, lowered to the file
+  /// descriptor limit minus descriptor_reserve. Connections held open and
+  /// silent thus meet the cap, where the idlest makes room for a newcomer,
+  /// before they can use up the descriptors, where nothing can.
+  [[nodiscard]] std::size_t max_connections() const;
   /// Starts the io threads and returns.
   void start();
   /// Closes the listening socket; open connections are still served (their
