@@ -267,23 +267,26 @@ std::int64_t wait_after(std::int64_t backoff_us, const std::optional<error_info>
 
 /// Best-effort, fenced: releases this attempt's lease so a retry need not wait
 /// for it to expire. Harmless when the lease is gone or the record final.
+/// Returns whether it released the lease (false: it runs to its end, as far
+/// as this attempt knows).
 /// The caller must hold no transaction of this store: with a pool of one
 /// connection a second begin() would wait for the first forever.
-void release_quietly(store& s, const request_id& id, std::string_view owner, std::string_view why,
+bool release_quietly(store& s, const request_id& id, std::string_view owner, std::string_view why,
                      const detail::run_context& ctx, std::int64_t retry_in_us,
                      std::string_view step = {}) noexcept {
   try {
     auto t = detail::begin_record_tx(s, id);
     if (t->release(id, owner, why, retry_in_us, ctx.runner, step)) {
       t->commit();
-    } else {
-      t->rollback();
+      return true;
     }
+    t->rollback();
   } catch (const std::exception& e) {  // the lease expiry covers it
     log(log_level::warning,
         std::string("could not release a lease early (it will expire): ") + e.what());
   } catch (...) {  // NOLINT(bugprone-empty-catch): the lease expiry covers it
   }
+  return false;
 }
 
 /// Best-effort, fenced, in a transaction of its own: a history row saying
@@ -507,6 +510,7 @@ void record_after_rpc(const after_rpc& w,
   // retry overlap the call that may still run downstream.
   const bool rpc_in_doubt = w.failure && w.failure->in_doubt();
   const phase_timer timed(w.c, w.ctx.shard, request_phase::record);
+  // Returns whether the key was let go; false: it is held to the lease's end.
   const auto leave = [&](std::string_view why) {
     if (!w.failure && w.after_a_call) {
       // The call succeeded, and the record does not say so (found in
@@ -518,22 +522,30 @@ void record_after_rpc(const after_rpc& w,
       // released only once marked: an operator never finds it released and
       // unmarked (found in review). Unreleased, its lease runs out, and the
       // attempt that takes it over marks it in doubt.
-      if (mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window))) {
-        release_quietly(w.s, w.id, w.owner,
-                        "the call succeeded, but recording its result failed: " + std::string(why),
-                        w.ctx, w.backoff_us, w.a.step());
-      }
-    } else if (!rpc_in_doubt) {
-      release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
-    } else {
-      note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner,
-                            micros(w.c.in_doubt_window), w.backoff_us, w.a.step());
+      return mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window)) &&
+             release_quietly(
+                 w.s, w.id, w.owner,
+                 "the call succeeded, but recording its result failed: " + std::string(why), w.ctx,
+                 w.backoff_us, w.a.step());
     }
+    if (!rpc_in_doubt)
+      return release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
+    note_in_doubt_quietly(w.s, w.id, w.owner, reason_of(*w.failure), w.ctx.runner,
+                          micros(w.c.in_doubt_window), w.backoff_us, w.a.step());
+    return false;
   };
   const std::string where = "scope " + w.id.scope + " key " + w.id.key;
   // An in-doubt call's key is held to the lease's end (leave()), which is
   // that much after the attempt's deadline.
   const clock::time_point lease_end = w.a.deadline() + (w.c.lease - w.c.rpc_timeout);
+  // A key that leave() could not let go is held to the lease's end: a retry
+  // before then meets 409s that spend its attempts (found in review: after a
+  // lock wait on the record row, which kept the release waiting too, the
+  // answer said to retry in a second).
+  const auto held_to_lease_end = [&](error_info& e) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(lease_end - clock::now());
+    if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
+  };
   // What Post-RPC threw, carried out of the transaction (which it undoes).
   struct post_rpc_threw {
     std::exception_ptr what;
@@ -560,14 +572,15 @@ void record_after_rpc(const after_rpc& w,
     } catch (const post_rpc_threw& threw) {
       // Undone, and the connection given back: leave() needs one.
       const error_info cause = classify(threw.what, w.c.unclassified);
-      leave(reason_of(cause));
+      const bool let_go = leave(reason_of(cause));
       log(log_level::error, where + ": Post-RPC failed after the RPC ran: " + reason_of(cause));
-      throw_retryable(
+      error_info failed =
           error_info::of(rpc_in_doubt ? error_class::in_doubt : error_class::unavailable,
                          codes::post_rpc_failed,
                          "recording the result failed; retry with the same key")
-              .with_internal(reason_of(cause)),
-          w.a, lease_end);
+              .with_internal(reason_of(cause));
+      if (!let_go) held_to_lease_end(failed);
+      throw_retryable(std::move(failed), w.a, lease_end);
     }
   } catch (const storage_error& e) {
     if (e.code() == codes::lease_lost) {
@@ -580,7 +593,7 @@ void record_after_rpc(const after_rpc& w,
                                   std::to_string(w.a.number()) + " not recorded");
       throw;
     }
-    leave(e.what());
+    const bool let_go = leave(e.what());
     // An in-doubt call keeps the key to the lease's end whatever the
     // database did, and the client is told so (found in review: a failed
     // recording after an in-doubt RPC answered storage_unavailable or
@@ -594,6 +607,7 @@ void record_after_rpc(const after_rpc& w,
       same_key.message =
           "the database is unavailable and the result was not recorded; retry "
           "later with the same key";
+      if (!let_go) held_to_lease_end(same_key);
       throw storage_error(std::move(same_key));
     }
     // (From here the call is in doubt, or the error permanent.) The COMMIT's

@@ -6,6 +6,8 @@
 // (the store and its schema),
 // metrics.cpp (GET /metrics) and purger.cpp (expired records).
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <iostream>
 
@@ -81,7 +83,8 @@ Usage: payments_server --bank URL --api-keys FILE [flags]
                         backlog (default 1024; lowered, with a warning, to
                         `ulimit -n` minus --descriptor-reserve)
   --descriptor-reserve N  file descriptors kept for the store and the bank
-                        (default 128)
+                        (default 64 + --workers + 51 on SQLite, or + 32 per
+                        MariaDB shard)
   --idle-timeout-ms N   close a keep-alive connection idle this long (60000)
   --header-timeout-ms N close a connection whose request header takes longer
                         (default 10000)
@@ -120,6 +123,21 @@ API (the caller authenticates with `Authorization: Bearer <api key>`)
                         the bank simulator's GET /ledger
 )";
 
+// Raises this process's soft file descriptor limit toward its hard one, to
+// what the connection cap and the reserve need. An application may; the
+// library does not (a change for the whole process, and select() cannot
+// take a descriptor past 1023: this server calls none). Without it the
+// server lowers --max-connections to fit (orpheus::beast::server_options).
+void raise_descriptor_limit(long wanted) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+      limit.rlim_cur >= static_cast<rlim_t>(wanted)) {
+    return;
+  }
+  limit.rlim_cur = std::min(limit.rlim_max, static_cast<rlim_t>(wanted));
+  (void)::setrlimit(RLIMIT_NOFILE, &limit);  // if refused, the cap is lowered instead
+}
+
 }  // namespace
 
 using namespace examples::payments_server;
@@ -150,7 +168,16 @@ int main(int argc, char** argv) {
   const long workers = f.num("workers", is_sqlite(store_specs) ? 32 : 8, 1, 4096);
   const long queue = f.num("queue", 256, 1, 1L << 20);
   const long max_connections = f.num("max-connections", 1024, 1, 1L << 20);
-  const long descriptor_reserve = f.num("descriptor-reserve", 128, 0, 1L << 20);
+  // What the rest of the server may hold open at once, by default: the
+  // bank's kept-alive connections (one per worker at most), the store's (a
+  // SQLite connection holds the file, its WAL and its shared memory, and
+  // sqlite_options::max_connections readers share it with one writer; a
+  // MariaDB shard keeps two pools of mysql_options::max_connections_per_shard),
+  // and 64 for the rest (listening socket, io threads' polls, logs).
+  const long store_descriptors =
+      is_sqlite(store_specs) ? 3 * (16 + 1) : 2 * 16 * static_cast<long>(store_specs.size());
+  const long descriptor_reserve =
+      f.num("descriptor-reserve", 64 + workers + store_descriptors, 0, 1L << 20);
   // At most a year, as orpheus::beast::server takes (refused here, before
   // the store is opened).
   constexpr long year_ms = 365L * 24 * 3600 * 1000;
@@ -266,6 +293,7 @@ int main(int argc, char** argv) {
     server_options.io_threads = 2;
     server_options.max_connections = static_cast<std::size_t>(max_connections);
     server_options.descriptor_reserve = static_cast<std::size_t>(descriptor_reserve);
+    raise_descriptor_limit(max_connections + descriptor_reserve);
     server_options.idle_timeout = std::chrono::milliseconds(idle_timeout);
     server_options.header_timeout = std::chrono::milliseconds(header_timeout);
     orpheus::beast::server server(

@@ -643,8 +643,8 @@ TEST_F(DbFailure, AServerThatReadsEmptyStringLiteralsAsNullStillReplays) {
 TEST_F(DbFailure, ALockWaitBeforeTheCompoundCommitIsNotInDoubt) {
   auto s = make("u", std::chrono::seconds(1));
   config cfg;
-  cfg.lease = std::chrono::milliseconds(1500);  // the held-off lease runs out soon
-  cfg.rpc_timeout = std::chrono::milliseconds(1000);
+  cfg.lease = std::chrono::seconds(10);
+  cfg.rpc_timeout = std::chrono::seconds(5);
   manager m(*s, cfg);
   bank b;
   const auto rid = id("lock-before-commit");
@@ -664,14 +664,19 @@ TEST_F(DbFailure, ALockWaitBeforeTheCompoundCommitIsNotInDoubt) {
     EXPECT_TRUE(e.retryable()) << e.what();
     EXPECT_FALSE(e.in_doubt()) << e.what();
     EXPECT_EQ(e.code(), codes::storage_unavailable) << e.what();
+    // The attempt could not let its lease go (the row was still held, for
+    // the release too): the answer says to come back once the lease has run
+    // out, about 8 s from here, not in default_retry_after's second.
+    ASSERT_TRUE(e.retry_after()) << e.what();
+    EXPECT_GT(*e.retry_after(), std::chrono::seconds(3)) << e.what();
+    EXPECT_LE(*e.retry_after(), cfg.lease) << e.what();
   }
   ASSERT_TRUE(holder);
   holder->rollback();
-  // The charge went through and was not recorded. The attempt could not
-  // release its lease (the row was still held): the retry that takes it over
-  // once it runs out asks the bank instead of charging again.
+  // The charge went through and was not recorded: the retry that takes the
+  // lease over once it runs out asks the bank instead of charging again.
   std::optional<response> r;
-  for (int i = 0; i < 50 && !r; ++i) {
+  for (int i = 0; i < 100 && !r; ++i) {
     try {
       r = pay(m, rid, b);
     } catch (const error& e) {

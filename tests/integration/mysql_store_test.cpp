@@ -73,9 +73,12 @@ class MysqlStore : public testing::Test {
   }
 
   // One request through store_, so that its connection has prepared the
-  // statements that commit before a test kills it: a connection lost while
-  // one is being prepared ran nothing, and is not in doubt
-  // (DbFailure.ACommitThatCannotBePreparedIsNotInDoubt).
+  // statements that commit before a test kills it: the commit then finds the
+  // link lost when it runs the statement, which is in doubt. (Found lost
+  // while preparing it, nothing ran, and it is not in doubt:
+  // DbFailure.ACommitThatCannotBePreparedIsNotInDoubt.) The pool lends the
+  // connection given back last first (pool.cpp), so the request under test
+  // gets this one.
   void prepare_the_commits() {
     manager warm(*store_);
     warm.process(

@@ -243,10 +243,14 @@ class mysql_tx final : public backend_tx {
 
   /// Whether the session is inside a transaction (MariaDB's
   /// @@in_transaction), asked after a compound block failed: then its
-  /// COMMIT never ran. False when the question itself fails: in doubt.
+  /// COMMIT never ran. False when the question itself fails: in doubt. A
+  /// plain statement, not a prepared one: a server out of prepared
+  /// statements (1461) still answers it, and the connection's cache of
+  /// them is left alone.
   static bool still_in_transaction(connection& c) noexcept {
     try {
-      std::unique_ptr<sql::ResultSet> r(c.prepare("SELECT @@in_transaction").executeQuery());
+      const std::unique_ptr<sql::Statement> st(c.raw().createStatement());
+      const std::unique_ptr<sql::ResultSet> r(st->executeQuery("SELECT @@in_transaction"));
       return r->next() && r->getInt(1) == 1;
     } catch (...) {
       return false;
