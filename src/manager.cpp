@@ -267,8 +267,8 @@ std::int64_t wait_after(std::int64_t backoff_us, const std::optional<error_info>
 
 /// Best-effort, fenced: releases this attempt's lease so a retry need not wait
 /// for it to expire. Harmless when the lease is gone or the record final.
-/// Returns whether it released the lease (false: it runs to its end, as far
-/// as this attempt knows).
+/// Returns false only when it could not run (the database failed): then the
+/// lease, if still this attempt's, runs to its end.
 /// The caller must hold no transaction of this store: with a pool of one
 /// connection a second begin() would wait for the first forever.
 bool release_quietly(store& s, const request_id& id, std::string_view owner, std::string_view why,
@@ -278,9 +278,10 @@ bool release_quietly(store& s, const request_id& id, std::string_view owner, std
     auto t = detail::begin_record_tx(s, id);
     if (t->release(id, owner, why, retry_in_us, ctx.runner, step)) {
       t->commit();
-      return true;
+    } else {
+      t->rollback();  // not this attempt's lease any more, or final: nothing to let go
     }
-    t->rollback();
+    return true;
   } catch (const std::exception& e) {  // the lease expiry covers it
     log(log_level::warning,
         std::string("could not release a lease early (it will expire): ") + e.what());
@@ -607,7 +608,10 @@ void record_after_rpc(const after_rpc& w,
       same_key.message =
           "the database is unavailable and the result was not recorded; retry "
           "later with the same key";
-      if (!let_go) held_to_lease_end(same_key);
+      // Not when the COMMIT is in doubt: if it landed, the key is finished
+      // and a retry is answered at once (found in review: its client, told
+      // to wait to the lease's end, could give up on a recorded payment).
+      if (!let_go && !e.in_doubt()) held_to_lease_end(same_key);
       throw storage_error(std::move(same_key));
     }
     // (From here the call is in doubt, or the error permanent.) The COMMIT's
