@@ -472,13 +472,15 @@ std::string reason_of(const error_info& e) {
 /// key to the attempt's deadline (hold_until), or to `held_until` when the
 /// key is held longer: a client sent back sooner would only meet 409 and
 /// spend attempts.
+/// Moves e's Retry-After to `held_until` when that is later.
+void retry_no_sooner_than(error_info& e, clock::time_point held_until) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(held_until - clock::now());
+  if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
+}
+
 [[noreturn]] void throw_retryable(error_info e, const attempt& a,
                                   std::optional<clock::time_point> held_until = std::nullopt) {
-  if (e.in_doubt()) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        held_until.value_or(a.deadline()) - std::chrono::steady_clock::now());
-    if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
-  }
+  if (e.in_doubt()) retry_no_sooner_than(e, held_until.value_or(a.deadline()));
   throw error(e);
 }
 
@@ -542,11 +544,8 @@ void record_after_rpc(const after_rpc& w,
   // A key that leave() could not let go is held to the lease's end: a retry
   // before then meets 409s that spend its attempts (found in review: after a
   // lock wait on the record row, which kept the release waiting too, the
-  // answer said to retry in a second).
-  const auto held_to_lease_end = [&](error_info& e) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(lease_end - clock::now());
-    if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
-  };
+  // answer said to retry in a second). Hence retry_no_sooner_than(lease_end)
+  // below.
   // What Post-RPC threw, carried out of the transaction (which it undoes).
   struct post_rpc_threw {
     std::exception_ptr what;
@@ -580,7 +579,7 @@ void record_after_rpc(const after_rpc& w,
                          codes::post_rpc_failed,
                          "recording the result failed; retry with the same key")
               .with_internal(reason_of(cause));
-      if (!let_go) held_to_lease_end(failed);
+      if (!let_go) retry_no_sooner_than(failed, lease_end);
       throw_retryable(std::move(failed), w.a, lease_end);
     }
   } catch (const storage_error& e) {
@@ -611,7 +610,7 @@ void record_after_rpc(const after_rpc& w,
       // Not when the COMMIT is in doubt: if it landed, the key is finished
       // and a retry is answered at once (found in review: its client, told
       // to wait to the lease's end, could give up on a recorded payment).
-      if (!let_go && !e.in_doubt()) held_to_lease_end(same_key);
+      if (!let_go && !e.in_doubt()) retry_no_sooner_than(same_key, lease_end);
       throw storage_error(std::move(same_key));
     }
     // (From here the call is in doubt, or the error permanent.) The COMMIT's

@@ -169,15 +169,10 @@ int main(int argc, char** argv) {
   const long queue = f.num("queue", 256, 1, 1L << 20);
   const long max_connections = f.num("max-connections", 1024, 1, 1L << 20);
   // What the rest of the server may hold open at once, by default: the
-  // bank's kept-alive connections (one per worker at most), the store's (a
-  // SQLite connection holds the file, its WAL and its shared memory, and
-  // sqlite_options::max_connections readers share it with one writer; a
-  // MariaDB shard keeps two pools of mysql_options::max_connections_per_shard),
-  // and 64 for the rest (listening socket, io threads' polls, logs).
-  const long store_descriptors =
-      is_sqlite(store_specs) ? 3 * (16 + 1) : 2 * 16 * static_cast<long>(store_specs.size());
+  // bank's kept-alive connections (one per worker at most), the store's, and
+  // 64 for the rest (listening socket, io threads' polls, logs).
   const long descriptor_reserve =
-      f.num("descriptor-reserve", 64 + workers + store_descriptors, 0, 1L << 20);
+      f.num("descriptor-reserve", 64 + workers + store_descriptors(store_specs), 0, 1L << 20);
   // At most a year, as orpheus::beast::server takes (refused here, before
   // the store is opened).
   constexpr long year_ms = 365L * 24 * 3600 * 1000;

@@ -37,6 +37,18 @@ std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts
 #endif
 }
 
+long store_descriptors(const std::vector<std::string>& parts) {
+  if (is_sqlite(parts)) {
+    return 3 * static_cast<long>(orpheus::sqlite_options{}.max_connections + 1);
+  }
+#if PAYMENTS_SERVER_WITH_MYSQL
+  return 2 * static_cast<long>(orpheus::mysql_options{}.max_connections_per_shard) *
+         static_cast<long>(parts.size());
+#else
+  return 0;  // open_store() refuses it
+#endif
+}
+
 void prepare_shard(orpheus::store& store, std::size_t shard) {
   auto t = store.begin_on_shard(shard);
   t->execute(

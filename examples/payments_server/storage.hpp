@@ -29,6 +29,12 @@ namespace examples::payments_server {
 /// sqlite:PATH throws std::runtime_error saying so.
 [[nodiscard]] std::unique_ptr<orpheus::store> open_store(const std::vector<std::string>& parts);
 
+/// How many file descriptors the store open_store() makes may hold at once:
+/// on SQLite the file, its WAL and its shared memory for each of its
+/// connections (the readers and the writer); on MariaDB the two pools of
+/// each shard.
+[[nodiscard]] long store_descriptors(const std::vector<std::string>& parts);
+
 /// Prepares one shard: creates the payments table if it is not there, then
 /// applies the library's migrations. In that order: the library refuses a
 /// shard's requests until it is migrated (store::backend_for_records()), so
