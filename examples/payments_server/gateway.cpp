@@ -65,7 +65,15 @@ gateway_answer bank_gateway::call(http_request req, std::chrono::milliseconds ti
     return it != body.end() && it->is_string() ? it->get<std::string>() : "";
   };
   const std::string detail = "bank answered " + std::to_string(status);
-  if (status == 404) return {gateway_status::not_found, "", detail};
+  // "No charge under this key" only in the bank's own words: the bank
+  // answers an unknown key 404 {"status":"unknown"}. A bare 404 may come
+  // from a proxy, a load balancer or a bank mid-deploy that never looked,
+  // and with a bank that charges a key again, not_found makes the retry
+  // charge a second time (found in review). Unknown instead: in doubt.
+  if (status == 404) {
+    if (text("status") == "unknown") return {gateway_status::not_found, "", detail};
+    return {gateway_status::server_error, "", detail + " without saying the key is unknown"};
+  }
   if (text("status") == "charged") return {gateway_status::charged, text("charge_id"), detail};
   if (status == 402 || text("status") == "declined") {
     return {gateway_status::declined, "", detail};

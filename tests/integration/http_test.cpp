@@ -918,6 +918,31 @@ TEST(BankGateway, OnlyAStepsOwnRefusalIsARefusalForGood) {
   s.stop();
 }
 
+// Found in review: the example's gateway took any 404 to its status query
+// for "no charge under this key", so a proxy's or a deploying bank's bare
+// 404 let a retry charge again, twice with a bank that does not
+// deduplicate. Only the bank's own "unknown" is not_found.
+TEST(BankGateway, OnlyTheBanksOwnUnknownMeansNoCharge) {
+  beast::server s(beast::server_options{}, [](http_request&& req, beast::responder respond) {
+    if (std::string(req.target()) == "/charges/said-unknown") {
+      respond(beast::make_response(404, R"({"status":"unknown"})", "application/json"));
+    } else {
+      respond(beast::make_response(404, "not found\n"));  // a proxy, not the bank
+    }
+  });
+  s.start();
+  examples::payments_server::bank_gateway bank(
+      beast::parse_http_url("http://127.0.0.1:" + std::to_string(s.port())), 2,
+      /*deduplicates=*/false);
+  const auto timeout = std::chrono::seconds(5);
+  EXPECT_EQ(bank.status("said-unknown", timeout).status,
+            orpheus::payment::gateway_status::not_found);
+  const auto bare = bank.status("bare", timeout);
+  EXPECT_EQ(bare.status, orpheus::payment::gateway_status::server_error)
+      << "a bare 404 was read as the bank's word that nothing was charged";
+  s.stop();
+}
+
 TEST(BankSimulator, AuthoriseCaptureVoidAndALedgerThatIsSometimesDown) {
   service bank;
   bank.start({ORPHEUS_BINARY_DIR "/examples/bank_simulator", "--ledger-down-every-ms", "400",

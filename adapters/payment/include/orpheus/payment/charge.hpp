@@ -72,7 +72,9 @@ enum class gateway_status {
 };
 
 /// The gateway_status of a gateway's HTTP status code, for adapters of HTTP
-/// gateways: 2xx charged, 402 declined, 404 not_found, 408 and 504 timeout,
+/// gateways: 2xx charged, 402 declined, 404 not_found (for a status query,
+/// take it only with the gateway's own word that the key is unknown: see
+/// gateway::status()), 408 and 504 timeout,
 /// 409 and 425 in_progress, 429 throttled, 401 and 403 unauthorized, other
 /// 5xx server_error, other 4xx
 /// invalid; anything else (1xx, 3xx) server_error, an unknown outcome. A
@@ -113,7 +115,13 @@ class gateway {
   virtual gateway_answer charge(const charge_request& r, const std::string& idempotency_key,
                                 std::chrono::milliseconds timeout) = 0;
   /// What became of the charge made with `idempotency_key`: charged,
-  /// declined, not_found, or a failure of the query itself.
+  /// declined, not_found, or a failure of the query itself. not_found only
+  /// when the gateway itself says it has no charge under the key (its own
+  /// answer: a body or a code that says so), never for a bare 404 that a
+  /// proxy, a load balancer or a gateway mid-deploy may send without
+  /// looking: charge_once() charges again on not_found, and a gateway that
+  /// does not deduplicate would then charge twice. Anything it cannot read
+  /// as its own word is server_error (unknown).
   virtual gateway_answer status(const std::string& idempotency_key,
                                 std::chrono::milliseconds timeout) = 0;
   /// Whether a charge sent again under the same key is answered with the
