@@ -663,6 +663,32 @@ TEST(Client, AnAttemptInDoubtIsRememberedByTheRequestAcrossSends) {
   for (const auto& one : seen) EXPECT_EQ(one.first, req.key());
 }
 
+// Found in review: a send read the request's in-doubt mark once, when it
+// started, so the lost attempt of a copy sent at the same time did not
+// count, and its later 401 was settled(): its caller could pay again under
+// a new key.
+TEST(Client, ACopysAttemptLostWhileASendRunsLeavesItUnsettled) {
+  scripted_server s({{401, {}, 2000ms}, {0, {}, 0ms, true}});
+  client_options o;
+  o.policy.max_attempts = 1;
+  idempotent_client api(s.endpoint(), o);
+  const auto req = payment();
+  call_result first;
+  std::thread running([&] { first = api.send(req); });
+  const auto give_up = std::chrono::steady_clock::now() + 10s;  // a hang guard
+  while (s.seen().empty() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(1ms);
+  }
+  const auto copy = req;  // the same logical request, sent while the first runs
+  const auto lost = api.send(copy);
+  EXPECT_TRUE(lost.earlier_attempt_in_doubt) << "its one attempt went unanswered";
+  running.join();
+  ASSERT_TRUE(first.response);
+  EXPECT_EQ(first.response->result_int(), 401U);
+  EXPECT_TRUE(first.earlier_attempt_in_doubt);
+  EXPECT_FALSE(first.settled()) << "a 401 does not say what became of the copy's lost attempt";
+}
+
 // Issue 7, defect 11: the client's defaults must work with the server's
 // (orpheus::config). They contradicted docs/client.md: a 30 s deadline equal
 // to the 30 s lease, a 10 s attempt timeout shorter than the 20 s RPC timeout.

@@ -92,6 +92,12 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
 
   auto stop = [&](stop_reason why) -> std::optional<std::chrono::milliseconds> {
     result_.why = why;
+    // A copy of the request sent at the same time may have left it in doubt
+    // while this call ran: the request's mark is read again at the end, not
+    // only at the start (found in review: a send answered 401 while a
+    // copy's attempt went unanswered was settled(), and its caller could pay
+    // again under a new key).
+    if (req_.resuming_earlier_run()) result_.earlier_attempt_in_doubt = true;
     if (o_.on_attempt) o_.on_attempt(info);
     return std::nullopt;
   };
