@@ -5,9 +5,10 @@
 // empty (no such header).
 //
 // Properties:
-//  - parse_retry_after: delta-seconds are read exactly (more than 9 digits
-//    clamp to a year), white space around the value does not matter, a date
-//    gives a wait >= 0 that shrinks as time passes, one second a second;
+//  - parse_retry_after: delta-seconds are read exactly (leading zeros aside,
+//    more than 9 digits clamp to a year), white space around the value does
+//    not matter, a date (in any of its three forms) gives a wait >= 0 that
+//    shrinks as time passes, one second a second;
 //  - retry_loop::after never throws, and decides as retry.hpp says: a 2xx, a
 //    4xx other than 409/429, a 501, and any answer whose problem+json body
 //    says "retryable": false (a JSON boolean) are final; anything else is
@@ -50,9 +51,13 @@ void check_retry_after(std::string_view value) {
   FUZZ_CHECK(!wait || *wait >= 0ms, shown(value) + " -> " + ms(wait));
   const bool digits = !t.empty() && t.find_first_not_of("0123456789") == std::string_view::npos;
   if (digits) {
+    // Leading zeros are allowed (1*DIGIT): found by this target after the
+    // parser learned it and the model here had not.
+    auto n = t;
+    while (n.size() > 1 && n.front() == '0') n.remove_prefix(1);
     const auto expected =
-        t.size() > 9 ? std::chrono::milliseconds(std::chrono::hours(24 * 365))
-                     : std::chrono::milliseconds(std::chrono::seconds(std::stol(std::string(t))));
+        n.size() > 9 ? std::chrono::milliseconds(std::chrono::hours(24 * 365))
+                     : std::chrono::milliseconds(std::chrono::seconds(std::stol(std::string(n))));
     FUZZ_CHECK(wait == expected, shown(value) + " -> " + ms(wait));
     return;
   }
@@ -103,8 +108,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   bool final_answer = !orpheus::client::retryable(kind);
   // What the client saw: Beast keeps the field as set, minus white space.
   const auto sent_type = res[http::field::content_type];
-  if (std::string_view(sent_type.data(), sent_type.size()).rfind("application/problem+json", 0) ==
-      0) {
+  // Media types are case-insensitive (RFC 9110 section 8.3.1): found by this
+  // target after the client learned it and the model here had not.
+  constexpr std::string_view problem_json = "application/problem+json";
+  if (sent_type.size() >= problem_json.size() &&
+      boost::beast::iequals(sent_type.substr(0, problem_json.size()),
+                            as<boost::beast::string_view>(problem_json))) {
     const auto problem = nlohmann::json::parse(body, nullptr, false);
     if (problem.is_object() && problem.contains("retryable") && problem["retryable"].is_boolean() &&
         !problem["retryable"].get<bool>()) {
