@@ -221,6 +221,28 @@ TEST(Client, ParsesRetryAfter) {
   EXPECT_EQ(parse_retry_after("Mon, 06 Nov 1995 08:49:37 GMT", now), 24h * 365);
   EXPECT_EQ(parse_retry_after("Sun, 05 Nov 1995 08:49:37 GMT", now), 24h * 364);
   EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now + 250ms), 9750ms);
+  // Found in review: the obsolete forms RFC 9110 says a recipient must read
+  // were ignored (strptime() read only the first, and only in the C
+  // locale), and the client retried at its own short backoff.
+  EXPECT_EQ(parse_retry_after("Sunday, 06-Nov-94 08:49:47 GMT", now), 10s);
+  EXPECT_EQ(parse_retry_after("Sun Nov  6 08:49:47 1994", now), 10s);
+  EXPECT_EQ(parse_retry_after("Wed Nov 16 08:49:37 1994", now), 24h * 10);
+  // Two digits of year: one more than 50 years ahead is a century earlier.
+  const auto in_2026 = std::chrono::system_clock::from_time_t(1795000000);  // 2026-11-18
+  EXPECT_EQ(http_date_seconds("Saturday, 01-Jan-94 00:00:00 GMT", in_2026),
+            http_date_seconds("Sat, 01 Jan 1994 00:00:00 GMT", in_2026))
+      << "2094 is more than 50 years ahead: 1994";
+  EXPECT_EQ(http_date_seconds("Sunday, 01-Jan-70 00:00:00 GMT", in_2026),
+            http_date_seconds("Sun, 01 Jan 2070 00:00:00 GMT", in_2026))
+      << "2070 is not";
+  // Not dates: each is refused, not read as something else.
+  for (const char* bad : {"Sun, 06 Nov 1994 08:49:47 UTC", "Sun, 31 Feb 1994 08:49:47 GMT",
+                          "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 6 Nov 1994 08:49:47 GMT",
+                          "Sun, 06 Nov 1994 08:49:47 GMT x", "Sunday, 06-Nov-1994 08:49:47 GMT",
+                          "Sun Nov 6 08:49:47 1994", "Sun, 06 nov 1994 08:49:47 GMT",
+                          "Son, 06 Nov 1994 08:49:47 GMT"}) {
+    EXPECT_FALSE(parse_retry_after(bad, now)) << bad;
+  }
 }
 
 // Issue 9 (fuzzing): HTTP drops the white space around a header value, and

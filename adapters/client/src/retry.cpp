@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
 #include <span>
@@ -57,6 +59,116 @@ error_kind kind_of_status(unsigned status) noexcept {
   return status == 429 ? error_kind::throttled : error_kind::server;
 }
 
+namespace {
+
+// HTTP-date (RFC 9110 section 5.6.7) in its three forms, read with fixed
+// English names. Found in review: strptime() read only the first form, and
+// its %a and %b follow LC_TIME, so in a program that had called setlocale()
+// not even that one; an RFC 850 or asctime date was ignored and the client
+// retried at its own short backoff until its attempts ran out.
+class date_reader {
+ public:
+  explicit date_reader(std::string_view s) : s_(s) {}
+  [[nodiscard]] bool done() const noexcept { return s_.empty(); }
+  bool text(std::string_view t) noexcept {
+    if (!s_.starts_with(t)) return false;
+    s_.remove_prefix(t.size());
+    return true;
+  }
+  /// Exactly n digits.
+  bool digits(std::size_t n, int& out) noexcept {
+    if (s_.size() < n) return false;
+    int v = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (s_[i] < '0' || s_[i] > '9') return false;
+      v = v * 10 + (s_[i] - '0');
+    }
+    s_.remove_prefix(n);
+    out = v;
+    return true;
+  }
+  /// One of `names`; its index.
+  template <std::size_t N>
+  bool one_of(const std::array<std::string_view, N>& names, int& out) noexcept {
+    for (std::size_t i = 0; i < N; ++i) {
+      if (text(names[i])) {
+        out = static_cast<int>(i);
+        return true;
+      }
+    }
+    return false;
+  }
+  /// hh:mm:ss
+  bool time_of_day(int& h, int& m, int& sec) noexcept {
+    return digits(2, h) && text(":") && digits(2, m) && text(":") && digits(2, sec);
+  }
+
+ private:
+  std::string_view s_;
+};
+
+constexpr std::array<std::string_view, 7> day_names = {"Mon", "Tue", "Wed", "Thu",
+                                                       "Fri", "Sat", "Sun"};
+constexpr std::array<std::string_view, 7> long_day_names = {
+    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"};
+constexpr std::array<std::string_view, 12> month_names = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                                          "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+
+}  // namespace
+
+std::optional<std::int64_t> http_date_seconds(std::string_view v,
+                                              std::chrono::system_clock::time_point now) {
+  int year = 0;
+  int month = 0;
+  int day = 0;
+  int h = 0;
+  int m = 0;
+  int sec = 0;
+  int ignored = 0;
+  const auto imf = [&] {  // Sun, 06 Nov 1994 08:49:37 GMT
+    date_reader r(v);
+    return r.one_of(day_names, ignored) && r.text(", ") && r.digits(2, day) && r.text(" ") &&
+           r.one_of(month_names, month) && r.text(" ") && r.digits(4, year) && r.text(" ") &&
+           r.time_of_day(h, m, sec) && r.text(" GMT") && r.done();
+  };
+  const auto rfc850 = [&] {  // Sunday, 06-Nov-94 08:49:37 GMT
+    date_reader r(v);
+    return r.one_of(long_day_names, ignored) && r.text(", ") && r.digits(2, day) && r.text("-") &&
+           r.one_of(month_names, month) && r.text("-") && r.digits(2, year) && r.text(" ") &&
+           r.time_of_day(h, m, sec) && r.text(" GMT") && r.done();
+  };
+  const auto asctime = [&] {  // Sun Nov  6 08:49:37 1994
+    date_reader r(v);
+    return r.one_of(day_names, ignored) && r.text(" ") && r.one_of(month_names, month) &&
+           r.text(" ") && (r.text(" ") ? r.digits(1, day) : r.digits(2, day)) && r.text(" ") &&
+           r.time_of_day(h, m, sec) && r.text(" ") && r.digits(4, year) && r.done();
+  };
+  bool two_digit_year = false;
+  if (!imf()) {
+    if (rfc850()) {
+      two_digit_year = true;
+    } else if (!asctime()) {
+      return std::nullopt;
+    }
+  }
+  if (two_digit_year) {
+    // RFC 9110: a two-digit year more than 50 years in the future is the
+    // most recent past year with the same last two digits.
+    const int this_year = static_cast<int>(
+        std::chrono::year_month_day(std::chrono::floor<std::chrono::days>(now)).year());
+    year += this_year - this_year % 100;
+    if (year > this_year + 50) year -= 100;
+    if (year < this_year - 50) year += 100;
+  }
+  const std::chrono::year_month_day ymd{std::chrono::year(year),
+                                        std::chrono::month(static_cast<unsigned>(month + 1)),
+                                        std::chrono::day(static_cast<unsigned>(day))};
+  if (!ymd.ok() || h > 23 || m > 59 || sec > 60) return std::nullopt;  // 60: a leap second
+  const std::chrono::sys_seconds at = std::chrono::sys_days(ymd) + std::chrono::hours(h) +
+                                      std::chrono::minutes(m) + std::chrono::seconds(sec);
+  return at.time_since_epoch().count();
+}
+
 std::optional<std::chrono::milliseconds> parse_retry_after(
     std::string_view v, std::chrono::system_clock::time_point now) {
   while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
@@ -69,16 +181,13 @@ std::optional<std::chrono::milliseconds> parse_retry_after(
     if (v.size() > 9) return std::chrono::hours(24 * 365);  // absurd: clamp, do not overflow
     return std::chrono::seconds(std::stol(std::string(v)));
   }
-  // IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT".
-  std::tm tm{};
-  const std::string s(v);
-  const char* end = strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-  if (end == nullptr || *end != '\0') return std::nullopt;
+  const auto date = http_date_seconds(v, now);
+  if (!date) return std::nullopt;
   // Compared in seconds before anything is converted: a year after 2262 (or
   // before 1678) does not fit system_clock's nanoseconds, and converting it
   // overflowed (issue 9, fuzzing: "Fri, 31 Dec 9999 23:59:59 GMT" was
   // undefined behaviour). Further than a year away is clamped, as above.
-  const std::chrono::seconds at(timegm(&tm));
+  const std::chrono::seconds at(*date);
   const auto since_epoch = now.time_since_epoch();
   const auto now_s = std::chrono::floor<std::chrono::seconds>(since_epoch);
   if (at <= now_s) return std::chrono::milliseconds(0);

@@ -71,9 +71,17 @@ enum class error_kind {
 /// True for the kinds a client retries.
 [[nodiscard]] constexpr bool retryable(error_kind k) noexcept { return k != error_kind::none; }
 
-/// Parses Retry-After: delta-seconds or an IMF-fixdate (RFC 9110). nullopt
-/// when it is neither; a date in the past is 0; more than 9 digits, or a
-/// date more than a year away, is a year.
+/// Parses Retry-After: delta-seconds or an HTTP-date in any of its three
+/// forms (RFC 9110: IMF-fixdate, RFC 850, asctime; read the same whatever
+/// the process's locale). nullopt when it is none of them; a date in the
+/// past is 0; more than 9 digits, or a date more than a year away, is a
+/// year.
+/// An HTTP-date in any of its three forms as seconds since the Unix epoch
+/// (`now` places an RFC 850 date's two-digit year); nullopt when `v` is
+/// none of them or names no real date and time.
+[[nodiscard]] std::optional<std::int64_t> http_date_seconds(
+    std::string_view v, std::chrono::system_clock::time_point now);
+
 [[nodiscard]] std::optional<std::chrono::milliseconds> parse_retry_after(
     std::string_view value, std::chrono::system_clock::time_point now);
 
