@@ -137,13 +137,17 @@ std::string bank_gateway::step(const std::string& target, const std::string& key
       answer = {gateway_status::charged, text(id_field), answer.detail};
     } else if (status == 402) {
       answer.status = gateway_status::declined;
-    } else if (status == 404 || (status == 409 && !refused.empty() && text("error") == refused)) {
+    } else if ((status == 404 && text("error") == "unknown authorisation") ||
+               (status == 409 && !refused.empty() && text("error") == refused)) {
       // An unknown authorisation, or one voided (for a capture) or captured
       // (for a void): the bank will never do it. Only this step's own
       // refusal (found in review: a capture answered "already_captured",
       // the money taken, was a refusal too, and the payment turned back to
       // a void that could only fail). Any other 409 (a request with this
-      // key still running there) is not a refusal: below.
+      // key still running there) is not a refusal, nor is a 404 without the
+      // bank's words (a proxy's, or a bank mid-deploy's: found in review,
+      // it turned a capture back into a void and a final failure): below,
+      // unknown.
       answer.status = gateway_status::invalid;
       answer.detail += " (" + text("error") + ")";
     } else {

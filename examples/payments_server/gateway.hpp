@@ -42,9 +42,10 @@ class bank_gateway final : public orpheus::payment::gateway {
   // The card payment in steps (the bank simulator's two-step API and its
   // ledger; create_payment.cpp). Each returns the id the bank answered
   // (authorisation, charge; "voided", "notified") or throws the classified
-  // orpheus::error, as orpheus::payment::charge_id_of() classifies: a 404,
-  // and a 409 "voided" to a capture or "already_captured" to a void, are
-  // refusals for good; any other 409 is in doubt.
+  // orpheus::error, as orpheus::payment::charge_id_of() classifies: a 404
+  // "unknown authorisation", and a 409 "voided" to a capture or
+  // "already_captured" to a void, are refusals for good; any other 404 or
+  // 409 is in doubt.
   std::string authorise(const std::string& key, const orpheus::payment::charge_request& r,
                         std::chrono::milliseconds timeout);
   std::string capture(const std::string& key, const std::string& authorisation,

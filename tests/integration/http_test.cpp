@@ -943,6 +943,39 @@ TEST(BankGateway, OnlyTheBanksOwnUnknownMeansNoCharge) {
   s.stop();
 }
 
+// Found in review: a step took any 404 for the bank's "unknown
+// authorisation", a refusal for good; a proxy's bare 404 to a capture turned
+// the payment back into a void and a final failure. Only the bank's words.
+TEST(BankGateway, OnlyTheBanksOwnUnknownAuthorisationIsARefusalForGood) {
+  beast::server s(beast::server_options{}, [](http_request&& req, beast::responder respond) {
+    if (req["Idempotency-Key"] == "refused") {
+      respond(
+          beast::make_response(404, R"({"error":"unknown authorisation"})", "application/json"));
+    } else {
+      respond(beast::make_response(404, "not found\n"));  // a proxy, not the bank
+    }
+  });
+  s.start();
+  examples::payments_server::bank_gateway bank(
+      beast::parse_http_url("http://127.0.0.1:" + std::to_string(s.port())), 2, true);
+  const auto retryable = [](const std::function<void()>& step) {
+    try {
+      step();
+      ADD_FAILURE() << "a 404 was taken as done";
+      return false;
+    } catch (const orpheus::error& e) {
+      return e.retryable();
+    }
+  };
+  const auto timeout = std::chrono::seconds(5);
+  EXPECT_FALSE(retryable([&] { (void)bank.capture("refused", "au_1", timeout); }));
+  EXPECT_TRUE(retryable([&] { (void)bank.capture("bare", "au_1", timeout); }))
+      << "a bare 404 to a capture was a refusal for good";
+  EXPECT_TRUE(retryable([&] { (void)bank.void_authorisation("bare", "au_1", timeout); }))
+      << "a bare 404 to a void was a refusal for good";
+  s.stop();
+}
+
 TEST(BankSimulator, AuthoriseCaptureVoidAndALedgerThatIsSometimesDown) {
   service bank;
   bank.start({ORPHEUS_BINARY_DIR "/examples/bank_simulator", "--ledger-down-every-ms", "400",
