@@ -235,6 +235,17 @@ TEST(Client, ParsesRetryAfter) {
   EXPECT_EQ(http_date_seconds("Sunday, 01-Jan-70 00:00:00 GMT", in_2026),
             http_date_seconds("Sun, 01 Jan 2070 00:00:00 GMT", in_2026))
       << "2070 is not";
+  // The boundary is the instant 50 years from now, not the year (found in
+  // review): 1 November 2076 is within it, 1 December 2076 is not.
+  EXPECT_EQ(http_date_seconds("Sunday, 01-Nov-76 00:00:00 GMT", in_2026),
+            http_date_seconds("Sun, 01 Nov 2076 00:00:00 GMT", in_2026));
+  EXPECT_EQ(http_date_seconds("Tuesday, 01-Dec-76 00:00:00 GMT", in_2026),
+            http_date_seconds("Wed, 01 Dec 1976 00:00:00 GMT", in_2026));
+  // More than 50 years behind in this century: the next one.
+  const std::chrono::system_clock::time_point in_2090 =
+      std::chrono::sys_days(std::chrono::year(2090) / 6 / 1);
+  EXPECT_EQ(http_date_seconds("Monday, 01-Jan-20 00:00:00 GMT", in_2090),
+            http_date_seconds("Mon, 01 Jan 2120 00:00:00 GMT", in_2090));
   // Not dates: each is refused, not read as something else.
   for (const char* bad : {"Sun, 06 Nov 1994 08:49:47 UTC", "Sun, 31 Feb 1994 08:49:47 GMT",
                           "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 6 Nov 1994 08:49:47 GMT",

@@ -151,22 +151,39 @@ std::optional<std::int64_t> http_date_seconds(std::string_view v,
       return std::nullopt;
     }
   }
-  if (two_digit_year) {
-    // RFC 9110: a two-digit year more than 50 years in the future is the
-    // most recent past year with the same last two digits.
-    const int this_year = static_cast<int>(
-        std::chrono::year_month_day(std::chrono::floor<std::chrono::days>(now)).year());
-    year += this_year - this_year % 100;
-    if (year > this_year + 50) year -= 100;
-    if (year < this_year - 50) year += 100;
+  if (h > 23 || m > 59 || sec > 60) return std::nullopt;  // 60: a leap second
+  const auto instant = [&](int y) -> std::optional<std::chrono::sys_seconds> {
+    const std::chrono::year_month_day ymd{std::chrono::year(y),
+                                          std::chrono::month(static_cast<unsigned>(month + 1)),
+                                          std::chrono::day(static_cast<unsigned>(day))};
+    if (!ymd.ok()) return std::nullopt;
+    return std::chrono::sys_days(ymd) + std::chrono::hours(h) + std::chrono::minutes(m) +
+           std::chrono::seconds(sec);
+  };
+  if (!two_digit_year) {
+    const auto at = instant(year);
+    if (!at) return std::nullopt;
+    return at->time_since_epoch().count();
   }
-  const std::chrono::year_month_day ymd{std::chrono::year(year),
-                                        std::chrono::month(static_cast<unsigned>(month + 1)),
-                                        std::chrono::day(static_cast<unsigned>(day))};
-  if (!ymd.ok() || h > 23 || m > 59 || sec > 60) return std::nullopt;  // 60: a leap second
-  const std::chrono::sys_seconds at = std::chrono::sys_days(ymd) + std::chrono::hours(h) +
-                                      std::chrono::minutes(m) + std::chrono::seconds(sec);
-  return at.time_since_epoch().count();
+  // RFC 9110: a two-digit year that would put the date more than 50 years
+  // in the future is the most recent past year with the same last two
+  // digits. The date is placed in this century, then moved a century back
+  // when that is more than 50 years ahead, or on when it is more than 50
+  // years behind (which the RFC leaves open: the nearer reading).
+  const auto now_s = std::chrono::floor<std::chrono::seconds>(now);
+  const int this_year = static_cast<int>(
+      std::chrono::year_month_day(std::chrono::floor<std::chrono::days>(now)).year());
+  int y = this_year - this_year % 100 + year;
+  auto at = instant(y);
+  if (at && *at > now_s + std::chrono::years(50)) {
+    y -= 100;
+    at = instant(y);
+  } else if (at && *at <= now_s - std::chrono::years(50)) {
+    y += 100;
+    at = instant(y);
+  }
+  if (!at) return std::nullopt;  // 29 February of a year that has none
+  return at->time_since_epoch().count();
 }
 
 std::optional<std::chrono::milliseconds> parse_retry_after(

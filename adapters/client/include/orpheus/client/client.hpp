@@ -72,7 +72,7 @@ class prepared_request {
   /// same logical request, the same key), start in doubt too (found in
   /// review: a call that stopped on its attempt cap after a lost answer, sent
   /// again and answered 401, was "settled"), and a send of it still running
-  /// ends in doubt.
+  /// when a copy's attempt is found lost ends in doubt.
   /// resuming(false) is the caller's word that nothing was sent: it clears
   /// the mark for every copy of the request.
   prepared_request& resuming(bool may_have_been_sent = true) noexcept {

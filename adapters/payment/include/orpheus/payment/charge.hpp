@@ -132,7 +132,8 @@ class gateway {
   /// earlier_may_land_until(): config::in_doubt_window after that
   /// attempt's lease). Found in review: a charge still on its way to such a
   /// gateway when its caller timed out was not found yet, and the retry
-  /// charged a second time.
+  /// charged a second time. Such a gateway's status() must be strictest
+  /// about not_found: never status_of_http() of a bare 404 (see status()).
   [[nodiscard]] virtual bool deduplicates() const noexcept { return true; }
 };
 
