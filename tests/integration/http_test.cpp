@@ -883,6 +883,23 @@ TEST(PaymentsServer, AServerThatCannotAuthenticateCallersDoesNotStart) {
   std::filesystem::remove_all(dir);
 }
 
+// The example's gateway to a stub bank `s`.
+examples::payments_server::bank_gateway gateway_to(const beast::server& s, bool deduplicates) {
+  return examples::payments_server::bank_gateway(
+      beast::parse_http_url("http://127.0.0.1:" + std::to_string(s.port())), 2, deduplicates);
+}
+
+// Whether a gateway step failed retryably; a step that succeeds fails the test.
+bool retryable(const std::function<void()>& step) {
+  try {
+    step();
+    ADD_FAILURE() << "the bank's answer was taken as done";
+    return false;
+  } catch (const orpheus::error& e) {
+    return e.retryable();
+  }
+}
+
 // Found in review: the example's gateway read a 409's error text without
 // asking which step it answered, so a capture answered "already_captured"
 // (the money taken) was a refusal for good, and the payment turned back to
@@ -895,17 +912,7 @@ TEST(BankGateway, OnlyAStepsOwnRefusalIsARefusalForGood) {
     respond(beast::make_response(409, nlohmann::json{{"error", error}}.dump(), "application/json"));
   });
   s.start();
-  examples::payments_server::bank_gateway bank(
-      beast::parse_http_url("http://127.0.0.1:" + std::to_string(s.port())), 2, true);
-  const auto retryable = [](const std::function<void()>& step) {
-    try {
-      step();
-      ADD_FAILURE() << "a 409 was taken as done";
-      return false;
-    } catch (const orpheus::error& e) {
-      return e.retryable();
-    }
-  };
+  auto bank = gateway_to(s, /*deduplicates=*/true);
   const auto timeout = std::chrono::seconds(5);
   EXPECT_TRUE(retryable([&] { (void)bank.capture("taken", "au_1", timeout); }))
       << "a capture answered already_captured was refused for good";
@@ -931,9 +938,7 @@ TEST(BankGateway, OnlyTheBanksOwnUnknownMeansNoCharge) {
     }
   });
   s.start();
-  examples::payments_server::bank_gateway bank(
-      beast::parse_http_url("http://127.0.0.1:" + std::to_string(s.port())), 2,
-      /*deduplicates=*/false);
+  auto bank = gateway_to(s, /*deduplicates=*/false);
   const auto timeout = std::chrono::seconds(5);
   EXPECT_EQ(bank.status("said-unknown", timeout).status,
             orpheus::payment::gateway_status::not_found);
@@ -956,17 +961,7 @@ TEST(BankGateway, OnlyTheBanksOwnUnknownAuthorisationIsARefusalForGood) {
     }
   });
   s.start();
-  examples::payments_server::bank_gateway bank(
-      beast::parse_http_url("http://127.0.0.1:" + std::to_string(s.port())), 2, true);
-  const auto retryable = [](const std::function<void()>& step) {
-    try {
-      step();
-      ADD_FAILURE() << "a 404 was taken as done";
-      return false;
-    } catch (const orpheus::error& e) {
-      return e.retryable();
-    }
-  };
+  auto bank = gateway_to(s, /*deduplicates=*/true);
   const auto timeout = std::chrono::seconds(5);
   EXPECT_FALSE(retryable([&] { (void)bank.capture("refused", "au_1", timeout); }));
   EXPECT_TRUE(retryable([&] { (void)bank.capture("bare", "au_1", timeout); }))

@@ -6,8 +6,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <ctime>
 #include <span>
 #include <stdexcept>
 
