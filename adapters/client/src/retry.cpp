@@ -165,23 +165,22 @@ std::optional<std::int64_t> http_date_seconds(std::string_view v,
   }
   // RFC 9110: a two-digit year that would put the date more than 50 years
   // in the future is the most recent past year with the same last two
-  // digits. The date is placed in this century, then moved a century back
-  // when that is more than 50 years ahead, or on when it is more than 50
-  // years behind (which the RFC leaves open: the nearer reading).
+  // digits. So the date is the one of its three readings around this
+  // century that falls in (now - 50 years, now + 50 years] (the later
+  // bound is the RFC's; the earlier, which it leaves open, takes the nearer
+  // reading). Each reading is checked as a whole date: 29-Feb-00 is 2000
+  // from 1975, where 1900 had none (found in review).
   const auto now_s = std::chrono::floor<std::chrono::seconds>(now);
   const int this_year = static_cast<int>(
       std::chrono::year_month_day(std::chrono::floor<std::chrono::days>(now)).year());
-  int y = this_year - this_year % 100 + year;
-  auto at = instant(y);
-  if (at && *at > now_s + std::chrono::years(50)) {
-    y -= 100;
-    at = instant(y);
-  } else if (at && *at <= now_s - std::chrono::years(50)) {
-    y += 100;
-    at = instant(y);
+  const int base = this_year - this_year % 100 + year;
+  for (const int y : {base - 100, base, base + 100}) {
+    const auto at = instant(y);
+    if (at && *at > now_s - std::chrono::years(50) && *at <= now_s + std::chrono::years(50)) {
+      return at->time_since_epoch().count();
+    }
   }
-  if (!at) return std::nullopt;  // 29 February of a year that has none
-  return at->time_since_epoch().count();
+  return std::nullopt;  // 29 February of a year that has none
 }
 
 std::optional<std::chrono::milliseconds> parse_retry_after(
