@@ -468,16 +468,16 @@ std::string reason_of(const error_info& e) {
   return e.code + ": " + (e.internal.empty() ? e.message : e.internal);
 }
 
-/// Throws a retryable RPC outcome to the caller. An in-doubt one keeps the
-/// key to the attempt's deadline (hold_until), or to `held_until` when the
-/// key is held longer: a client sent back sooner would only meet 409 and
-/// spend attempts.
 /// Moves e's Retry-After to `held_until` when that is later.
 void retry_no_sooner_than(error_info& e, clock::time_point held_until) {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(held_until - clock::now());
   if (left > e.retry_after.value_or(std::chrono::milliseconds(0))) e.retry_after = left;
 }
 
+/// Throws a retryable RPC outcome to the caller. An in-doubt one keeps the
+/// key to the attempt's deadline (hold_until), or to `held_until` when the
+/// key is held longer: a client sent back sooner would only meet 409 and
+/// spend attempts.
 [[noreturn]] void throw_retryable(error_info e, const attempt& a,
                                   std::optional<clock::time_point> held_until = std::nullopt) {
   if (e.in_doubt()) retry_no_sooner_than(e, held_until.value_or(a.deadline()));
