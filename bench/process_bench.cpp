@@ -7,8 +7,10 @@
 // thread of mariadbd, when ORPHEUS_BENCH_DB_PID names it). On a shared VM
 // the CPU figures hold far stiller than requests per second, which a new
 // key's two fsyncs dominate. BM_NewKey_Paired and BM_Replay_Paired run the
-// two in turn, one request each, so that both meet the same conditions:
-// their ratio is the one to read on a shared machine.
+// two in turn, one request each, so that both meet the same conditions;
+// BM_*_Paired_OneCpu do the same with this process and mariadbd on one CPU,
+// and theirs is the ratio to read on a shared machine (see
+// paired_on_one_cpu()).
 //
 //   scripts/bench            starts its own MariaDB and runs this
 //   ORPHEUS_BENCH_MYSQL=mysql://u:p@127.0.0.1:3306/d build/bench/orpheus_bench
@@ -33,6 +35,11 @@
 #include <map>
 #include <memory>
 #include <thread>
+#include <utility>
+#include <vector>
+
+#include <sched.h>
+#include <sys/types.h>
 
 #include "orpheus/manager.hpp"
 #include "orpheus/store/mysql.hpp"
@@ -340,6 +347,86 @@ void paired(benchmark::State& state, bool new_key) {
 void BM_NewKey_Paired(benchmark::State& state) { paired(state, true); }
 void BM_Replay_Paired(benchmark::State& state) { paired(state, false); }
 
+// While it lives, this thread and every thread of mariadbd run on the CPU
+// this thread is on; then each gets back the CPUs it had (a thread mariadbd
+// started meanwhile, those of mariadbd's first thread).
+class on_one_cpu {
+ public:
+  on_one_cpu() {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    for (const pid_t tid : threads()) {
+      cpu_set_t had;
+      if (sched_getaffinity(tid, sizeof had, &had) != 0) continue;  // ended meanwhile
+      if (sched_setaffinity(tid, sizeof one, &one) != 0) {
+        error_ = "sched_setaffinity on thread " + std::to_string(tid) + " of mariadbd failed";
+      }
+      saved_.emplace_back(tid, had);
+    }
+    if (saved_.size() < 2) error_ = "found no thread of mariadbd (ORPHEUS_BENCH_DB_PID)";
+  }
+  ~on_one_cpu() {
+    const cpu_set_t* first = nullptr;
+    for (const auto& [tid, had] : saved_) {
+      if (tid == static_cast<pid_t>(g_db_pid)) first = &had;
+    }
+    for (const pid_t tid : threads()) {
+      const cpu_set_t* had = first;
+      for (const auto& [saved, mask] : saved_) {
+        if (saved == tid) had = &mask;
+      }
+      if (had != nullptr) sched_setaffinity(tid, sizeof *had, had);
+    }
+  }
+  on_one_cpu(const on_one_cpu&) = delete;
+  on_one_cpu& operator=(const on_one_cpu&) = delete;
+
+  /// Empty when every thread was moved.
+  [[nodiscard]] const std::string& error() const { return error_; }
+
+ private:
+  // This thread (0: the caller) and mariadbd's.
+  static std::vector<pid_t> threads() {
+    std::vector<pid_t> out{0};
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it("/proc/" + std::to_string(g_db_pid) + "/task", ec),
+         end;
+         !ec && it != end; it.increment(ec)) {
+      out.push_back(static_cast<pid_t>(std::stol(it->path().filename().string())));
+    }
+    return out;
+  }
+
+  std::vector<std::pair<pid_t, cpu_set_t>> saved_;
+  std::string error_;
+};
+
+// The pair again with this process and mariadbd on one CPU. Free to move,
+// they meet the scheduler's choices: whether the server's thread wakes on
+// the other, idle CPU (waking an idle virtual CPU costs tens of
+// microseconds here) or beside the client. Free, the gap between an
+// Orpheus replay and a baseline replay moved between 47 and 100 us from run
+// to run; on one CPU it was 21-25 us, what the client, the server's thread
+// and the kernel do for each, and the replay ratio's coefficient of
+// variation over the repetitions 0.4-0.8% against 5.8-17% free
+// (docs/performance.md, twentieth round).
+void paired_on_one_cpu(benchmark::State& state, bool new_key) {
+  if (g_db_pid <= 0) {
+    state.SkipWithError("needs ORPHEUS_BENCH_DB_PID (scripts/bench sets it)");
+    return;
+  }
+  const on_one_cpu pinned;
+  if (!pinned.error().empty()) {
+    state.SkipWithError(pinned.error().c_str());
+    return;
+  }
+  paired(state, new_key);
+}
+
+void BM_NewKey_Paired_OneCpu(benchmark::State& state) { paired_on_one_cpu(state, true); }
+void BM_Replay_Paired_OneCpu(benchmark::State& state) { paired_on_one_cpu(state, false); }
+
 // Shared VMs are noisy: each benchmark runs 5 times and the ratios use the
 // medians.
 BENCHMARK(BM_NewKey_Orpheus)->UseRealTime()->MinTime(1.0)->Repetitions(5);
@@ -349,6 +436,8 @@ BENCHMARK(BM_Replay_Baseline)->UseRealTime()->MinTime(0.5)->Repetitions(5);
 BENCHMARK(BM_Replay_Orpheus_Cached)->UseRealTime()->MinTime(0.5)->Repetitions(5);
 BENCHMARK(BM_NewKey_Paired)->UseRealTime()->MinTime(2.0)->Repetitions(5);
 BENCHMARK(BM_Replay_Paired)->UseRealTime()->MinTime(1.0)->Repetitions(5);
+BENCHMARK(BM_NewKey_Paired_OneCpu)->UseRealTime()->MinTime(2.0)->Repetitions(5);
+BENCHMARK(BM_Replay_Paired_OneCpu)->UseRealTime()->MinTime(1.0)->Repetitions(5);
 
 // Remembers each benchmark's median throughput so main() can print ratios.
 class ratio_reporter : public benchmark::ConsoleReporter {
@@ -421,21 +510,28 @@ int main(int argc, char** argv) {
                 << mine / b << "x\n";
     }
   }
-  std::cout << "The same, with the two taken in turn (BM_*_Paired; read these, the ones above\n"
-               "move with whatever else the machine did during each benchmark):\n";
-  for (const char* what : {"NewKey", "Replay"}) {
-    const std::string name = std::string("BM_") + what + "_Paired";
-    const auto r = reporter.paired_ratio.find(name);
-    const auto cv = reporter.paired_cv.find(name);
-    if (r == reporter.paired_ratio.end()) continue;
-    std::cout << "  " << std::left << std::setw(8) << what << std::fixed << std::setprecision(2)
-              << r->second << "x";
-    if (cv != reporter.paired_cv.end()) {
-      std::cout << " (coefficient of variation over the repetitions " << std::setprecision(1)
-                << cv->second * 100 << "%)";
+  std::cout << "The same, with the two taken in turn (BM_*_Paired; the ones above move with\n"
+               "whatever else the machine did during each benchmark):\n";
+  const auto print_paired = [&](const char* suffix) {
+    for (const char* what : {"NewKey", "Replay"}) {
+      const std::string name = std::string("BM_") + what + suffix;
+      const auto r = reporter.paired_ratio.find(name);
+      const auto cv = reporter.paired_cv.find(name);
+      if (r == reporter.paired_ratio.end()) continue;
+      std::cout << "  " << std::left << std::setw(8) << what << std::fixed << std::setprecision(2)
+                << r->second << "x";
+      if (cv != reporter.paired_cv.end()) {
+        std::cout << " (coefficient of variation over the repetitions " << std::setprecision(1)
+                  << cv->second * 100 << "%)";
+      }
+      std::cout << "\n";
     }
-    std::cout << "\n";
-  }
+  };
+  print_paired("_Paired");
+  std::cout << "Taken in turn with this process and mariadbd on one CPU (BM_*_Paired_OneCpu;\n"
+               "what each request costs its client, its server thread and the kernel, without\n"
+               "the scheduler's choice of CPU; read these, the steadiest):\n";
+  print_paired("_Paired_OneCpu");
   std::cout << "CPU per request (client + "
             << (g_db_pid > 0 ? "database server" : "client only: no ORPHEUS_BENCH_DB_PID")
             << "), medians, hand-written baseline / Orpheus (above 1: Orpheus uses less):\n";
