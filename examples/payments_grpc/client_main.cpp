@@ -53,8 +53,8 @@ int main(int argc, char** argv) {
   if (server.empty() || api_key.empty() || request.amount() <= 0 || attempts < 1) {
     f.fail("--server, --api-key (or ORPHEUS_API_KEY) and --amount are required");
   }
-  // An attempt that may have reached the server (no answer, ABORTED while
-  // another attempt held the key, UNAVAILABLE), or a run before this one
+  // An attempt that may have reached the server (no answer, UNAVAILABLE
+  // while another attempt held the key or the store was away), or a run before this one
   // (--key): a later refusal that is not the server's record (an expired
   // token, a proxy's error) does not say what became of it.
   bool in_doubt = !key.empty();

@@ -171,7 +171,7 @@ TEST_P(Grpc, SixtyFourConcurrentCallsWithOneKeyChargeOnce) {
   }
   EXPECT_EQ(std::set<std::string>(replies.begin(), replies.end()).size(), 1U)
       << "every caller gets the same recorded reply";
-  EXPECT_GT(tries.load(), kCalls) << "some calls met the key held (ABORTED) and retried";
+  EXPECT_GT(tries.load(), kCalls) << "some calls met the key held (UNAVAILABLE) and retried";
   const auto l = ledger();
   EXPECT_EQ(l["charges"], 1) << "charged more than once";
   EXPECT_EQ(l["double_charges"], 0);
@@ -729,18 +729,35 @@ TEST(GrpcStatus, ABearerPrefixThatBreaksTheScopeRuleIsRefusedAtTheStart) {
                orpheus::config_error);
 }
 
-// A call whose key is held by another in flight is ABORTED, retryable, with
-// google.rpc.RetryInfo.
-TEST_P(Grpc, AHeldKeyIsAbortedWithRetryInfo) {
+// The reason in the status's google.rpc.ErrorInfo; "" without one.
+std::string reason_of(const grpc::Status& s) {
+  google::rpc::Status details;
+  if (!details.ParseFromString(s.error_details())) return "";
+  for (const auto& any : details.details()) {
+    client_copy::ErrorInfo info;
+    if (any.type_url() == "type.googleapis.com/google.rpc.ErrorInfo" &&
+        info.ParseFromString(any.value())) {
+      return info.reason();
+    }
+  }
+  return "";
+}
+
+// A call whose key is held by another in flight is UNAVAILABLE (gRPC's
+// "retry this call"; ABORTED would say "start over", under a new key),
+// retryable, with google.rpc.RetryInfo and the reason in_progress.
+TEST_P(Grpc, AHeldKeyIsUnavailableWithRetryInfo) {
   ASSERT_NO_FATAL_FAILURE(start({"--latency-ms", "1500"}));
   std::thread first([&] { EXPECT_TRUE(call("slow", 300).status.ok()); });
   answer second;
   for (int i = 0; i < 100; ++i) {  // until the first holds the key
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     second = call("slow", 300);
-    if (second.status.error_code() == grpc::StatusCode::ABORTED) break;
+    if (!second.status.ok()) break;
   }
-  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << second.status.error_message();
+  EXPECT_EQ(reason_of(second.status), "in_progress");
   EXPECT_TRUE(orpheus::grpc::may_retry(second.status));
   const auto delay = orpheus::grpc::retry_delay_of(second.status);
   ASSERT_TRUE(delay.has_value());

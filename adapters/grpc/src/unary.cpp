@@ -73,8 +73,14 @@ StatusCode code_of(const error_info& e) {
   switch (e.kind) {
     case error_class::invalid_input:
       return StatusCode::INVALID_ARGUMENT;
+    // A held key (in_progress, lease_lost) is to be sent again as it is,
+    // with the same key: UNAVAILABLE, gRPC's code for "retry this call".
+    // Found in review: it was ABORTED, which gRPC's status-code guide gives
+    // for "retry at a higher level" (restart the whole sequence), and retry
+    // policies and proxies do not retry; a client that started over under a
+    // new key while the first attempt still held the key was charged twice.
+    // ErrorInfo's reason still says which.
     case error_class::conflict:
-      return StatusCode::ABORTED;
     case error_class::unavailable:
     case error_class::in_doubt:
       return StatusCode::UNAVAILABLE;

@@ -39,10 +39,13 @@ int main(int argc, char** argv) {
   if (orpheus::payment::charge_id_of({orpheus::payment::gateway_status::charged, "ch", ""}) != "ch")
     return 1;
 #if CONSUMER_WITH_GRPC
-  // A held key is ABORTED, and a client may send it again.
+  // A held key is UNAVAILABLE ("retry this call"), and a client may send it
+  // again.
   const auto held = orpheus::grpc::status_of(
       orpheus::error_info::of(orpheus::error_class::conflict, orpheus::codes::in_progress, "busy"));
-  if (held.error_code() != ::grpc::StatusCode::ABORTED || !orpheus::grpc::may_retry(held)) return 1;
+  if (held.error_code() != ::grpc::StatusCode::UNAVAILABLE || !orpheus::grpc::may_retry(held)) {
+    return 1;
+  }
 #endif
   std::cout << first.body << " " << second.replayed << "\n";
   return first.body == "2" && second.replayed && !first.replayed ? 0 : 1;

@@ -28,7 +28,8 @@
 //     full queue is UNAVAILABLE (retryable);
 //  5. the answer: the reply as recorded, byte for byte (initial metadata
 //     `idempotent-replayed: true` on a replay), or a status (status_of()):
-//       in progress, lease lost      ABORTED, with google.rpc.RetryInfo
+//       in progress, lease lost      UNAVAILABLE, with google.rpc.RetryInfo
+//                                    (retry with the same key)
 //       key re-used with another request  FAILED_PRECONDITION
 //       unavailable, in doubt        UNAVAILABLE (retry with the same key)
 //       invalid key or request       INVALID_ARGUMENT
