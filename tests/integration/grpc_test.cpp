@@ -272,9 +272,20 @@ TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
     // Without the ErrorInfo (a client that reads only the code).
     EXPECT_FALSE(orpheus::grpc::may_retry(grpc::Status(s.error_code(), ""))) << status;
   }
+  // A record is final: nothing runs under its key any more, so a recorded
+  // 409 that says retryable is ABORTED, "start over" (under a new key).
   const auto busy = orpheus::grpc::status_of_recorded(
-      orpheus::response{409, {}, R"({"code":"in_progress","retryable":true})"});
+      orpheus::response{409, {}, R"({"code":"version_conflict","retryable":true})"});
   EXPECT_EQ(busy.error_code(), grpc::StatusCode::ABORTED);
+  // A key held now (a live answer, never recorded) is UNAVAILABLE, "send
+  // this call again": an attempt may still charge under it.
+  for (const auto& held : {orpheus::storage_error::lease_lost("taken over").info(),
+                           orpheus::error_info::of(orpheus::error_class::conflict,
+                                                   orpheus::codes::in_progress, "busy")}) {
+    const auto s = orpheus::grpc::status_of(held);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << held.code;
+    EXPECT_TRUE(orpheus::grpc::may_retry(s)) << held.code;
+  }
   using ms = std::chrono::milliseconds;
   const auto delay_of = [](ms after) {
     return orpheus::grpc::retry_delay_of(orpheus::grpc::status_of(
@@ -753,7 +764,7 @@ TEST_P(Grpc, AHeldKeyIsUnavailableWithRetryInfo) {
   for (int i = 0; i < 100; ++i) {  // until the first holds the key
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     second = call("slow", 300);
-    if (!second.status.ok()) break;
+    if (reason_of(second.status) == "in_progress") break;
   }
   EXPECT_EQ(second.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << second.status.error_message();

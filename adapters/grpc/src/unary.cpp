@@ -93,6 +93,10 @@ StatusCode code_of(const error_info& e) {
 }
 
 // The code for a failure recorded in its HTTP form, by its HTTP status.
+// A record is final: nothing runs under its key any more, and the same key
+// replays it. So a recorded 409 that says retryable is ABORTED, gRPC's
+// "start over" (a new attempt needs a new key), unlike a key held now
+// (code_of: UNAVAILABLE, "send this call again").
 // ABORTED and RESOURCE_EXHAUSTED only when the record says to retry (found in
 // review: a payment an operator cancelled, recorded 409 request_cancelled,
 // was replayed as ABORTED, which gRPC's guidance and may_retry()'s fallback

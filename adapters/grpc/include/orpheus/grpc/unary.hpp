@@ -104,11 +104,13 @@ struct unary_options {
 /// `message` serialised deterministically (map fields in key order): what
 /// is fingerprinted and what is recorded. Fields this server's .proto does
 /// not know are kept, raw, in the order they came, after the known ones:
-/// so a server that knows a newly added scalar, string or message field
-/// (numbered last) and one that does not yet fingerprint a request alike
-/// during a rolling deploy. Not alike: an unknown map's entries sent in
-/// another order, a new value of a closed (proto2) enum, a field dropped
-/// from the server's .proto that clients still send (docs/grpc.md).
+/// so a server that knows a newly added scalar or string field, or message
+/// field without maps (numbered last), and one that does not yet
+/// fingerprint a request alike during a rolling deploy. Not alike: an
+/// unknown map's entries sent in another order, a repeated scalar sent
+/// unpacked where the .proto packs it, a new value of a closed (proto2)
+/// enum, a field dropped from the server's .proto that clients still send
+/// (docs/grpc.md).
 [[nodiscard]] std::string bytes_of(const google::protobuf::MessageLite& message);
 
 /// bytes_of(reply), checked to read back as its own type: a reply that
