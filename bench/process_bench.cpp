@@ -71,14 +71,25 @@ std::unique_ptr<sql::Connection> connect(bool autocommit) {
 
 // Nanoseconds on a CPU of every thread of process `pid` so far
 // (/proc/PID/task/*/schedstat, first field); 0 when it cannot be read.
-double cpu_ns_of(long pid) {
-  double total = 0;
-  std::error_code ec;  // a thread may end while we look: skip it, never throw
+// The thread ids of process `pid` now (/proc/PID/task); none when it cannot
+// be read. A thread may end while we look: never throws.
+std::vector<pid_t> threads_of(long pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
   for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/task", ec), end;
        !ec && it != end; it.increment(ec)) {
-    std::ifstream in(it->path() / "schedstat");
+    out.push_back(static_cast<pid_t>(std::stol(it->path().filename().string())));
+  }
+  return out;
+}
+
+double cpu_ns_of(long pid) {
+  double total = 0;
+  for (const pid_t tid : threads_of(pid)) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) +
+                     "/schedstat");
     double ns = 0;
-    if (in >> ns) total += ns;
+    if (in >> ns) total += ns;  // an ended thread's file is gone: skipped
   }
   return total;
 }
@@ -412,13 +423,8 @@ class on_one_cpu {
 
   // This thread (0: the caller) and mariadbd's.
   static std::vector<pid_t> threads() {
-    std::vector<pid_t> out{0};
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it("/proc/" + std::to_string(g_db_pid) + "/task", ec),
-         end;
-         !ec && it != end; it.increment(ec)) {
-      out.push_back(static_cast<pid_t>(std::stol(it->path().filename().string())));
-    }
+    std::vector<pid_t> out = threads_of(g_db_pid);
+    out.insert(out.begin(), 0);
     return out;
   }
 
