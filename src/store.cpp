@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <future>
 #include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -97,7 +100,11 @@ store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backen
   checks_ = std::make_unique<shard_check[]>(backend_->shard_count());
 }
 
-store::~store() = default;
+store::~store() {
+  // The reading uses the backend, which goes with this store.
+  const std::lock_guard lock(background_mutex_);
+  if (background_reading_.valid()) background_reading_.wait();
+}
 
 std::size_t store::shard_count() const { return backend_->shard_count(); }
 
@@ -336,27 +343,44 @@ void store::check_whole_map(std::int64_t now_ns) {
   // Each shard checked alone is not enough: two processes given [x, y] and
   // [y, x] that each migrated only their first shard would both find it
   // "shard 0 of 2", and serve one key on x and on y. So every shard's place
-  // is read, by one request per recheck interval (the others go on with
-  // its verdict), until one reading finds every shard answering and
-  // agreeing (found in review: a shard down at the first reading was never
-  // read again; and a reading that passed over the requesting shard was
-  // taken for the whole map).
+  // is read, once per recheck interval, until one reading finds every shard
+  // answering and agreeing (found in review: a shard down at the first
+  // reading was never read again; and a reading that passed over the
+  // requesting shard was taken for the whole map).
   std::int64_t due = whole_map_due_ns_.load(std::memory_order_acquire);
   const bool my_turn =
       now_ns >= due && whole_map_due_ns_.compare_exchange_strong(
                            due, now_ns + map_recheck_ns_.load(std::memory_order_relaxed));
-  // Until a first reading has finished, every request makes one: none is
-  // served on a map not read yet.
-  if (!my_turn && whole_map_checked_.load(std::memory_order_acquire)) {
-    if (whole_map_conflict_.load(std::memory_order_acquire)) {
-      const std::lock_guard lock(whole_map_mutex_);
-      if (whole_map_conflict_.load(std::memory_order_relaxed)) {  // not cleared meanwhile
-        throw storage_error::transient(whole_map_conflict_text_);
-      }
-    }
+  if (!whole_map_checked_.load(std::memory_order_acquire)) {
+    // Until a first reading has finished, every request makes one and waits
+    // for it: none is served on a map not read yet.
+    if (auto conflict = read_whole_map()) throw *conflict;
     return;
   }
-  const std::int64_t started_ns = steady_ns();  // not now_ns: the schema check may have been slow
+  // Later readings run off the request path, and every request goes on with
+  // the last verdict meanwhile, as the others always did while one request
+  // read (found in a session's review: the request that won the interval's
+  // turn read every shard itself, and with a shard gone it waited for each
+  // node's connects, twice, perhaps in its second transaction after the
+  // charge, long enough to lose its lease).
+  if (my_turn && whole_map_conflict_.load(std::memory_order_acquire)) {
+    // Refused by the last reading: the request waits for this one, which
+    // may let it through (after an adopt_shard_map() here, found in a test:
+    // the old conflict refused requests until a reading off the path ended).
+    if (auto conflict = read_whole_map()) throw *conflict;
+    return;
+  }
+  if (my_turn) read_whole_map_in_background();
+  if (whole_map_conflict_.load(std::memory_order_acquire)) {
+    const std::lock_guard lock(whole_map_mutex_);
+    if (whole_map_conflict_.load(std::memory_order_relaxed)) {  // not cleared meanwhile
+      throw storage_error::transient(whole_map_conflict_text_);
+    }
+  }
+}
+
+std::optional<storage_error> store::read_whole_map() {
+  const std::int64_t started_ns = steady_ns();  // not the request's: the schema check may be slow
   bool every_one_agreed = true;
   std::optional<storage_error> conflict;
   for (std::size_t s = 0; s < shard_count() && !conflict; ++s) {
@@ -374,10 +398,33 @@ void store::check_whole_map(std::int64_t now_ns) {
     }
   }
   publish_whole_map(started_ns, conflict, every_one_agreed);
-  if (conflict) {
-    log(log_level::error, conflict->what());
-    throw *conflict;
+  if (conflict) log(log_level::error, conflict->what());
+  return conflict;
+}
+
+void store::read_whole_map_in_background() {
+  {
+    const std::lock_guard lock(background_mutex_);
+    if (background_reading_.valid() &&
+        background_reading_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      return;  // one is still reading (a shard slower than the interval)
+    }
+    try {
+      background_reading_ = std::async(std::launch::async, [this] {
+        try {
+          (void)read_whole_map();  // it publishes what it finds
+        } catch (const std::exception& e) {
+          // Nothing published: the last verdict stands, and the next
+          // interval reads again.
+          log(log_level::error, std::string("store: reading the shard map failed: ") + e.what());
+        }
+      });
+      return;
+    } catch (const std::system_error&) {
+      // No thread to be had: read here, as a request did before.
+    }
   }
+  if (auto conflict = read_whole_map()) throw *conflict;
 }
 
 void store::publish_whole_map(std::int64_t started_ns, const std::optional<storage_error>& conflict,

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -111,6 +112,9 @@ class store {
   explicit store(std::unique_ptr<store_backend> backend);
   store(const store&) = delete;
   store& operator=(const store&) = delete;
+  /// Waits for a reading of the whole shard map that is still running on
+  /// its own thread (backend_for_records()): with a shard gone, up to its
+  /// connects.
   virtual ~store();
 
   [[nodiscard]] std::size_t shard_count() const;
@@ -188,10 +192,14 @@ class store {
   ///   record statements would name columns the schema lacks;
   /// - its recorded place in the shard map (see migrate()), again each
   ///   recheck interval (recheck_shard_map_every()); and, in a store of
-  ///   more than one shard, the places of every shard, once per interval by
-  ///   one request, until one reading finds every shard answering and
-  ///   agreeing (until a first reading has finished, every request makes
-  ///   one; a shard that does not answer costs it two tries to connect). A
+  ///   more than one shard, the places of every shard, until one reading
+  ///   finds every shard answering and agreeing. Until a first reading has
+  ///   finished, every request makes one and waits for it (a shard that
+  ///   does not answer costs it two tries to connect); after that, one
+  ///   reading per interval runs on a thread of its own, started by the
+  ///   request that finds the interval over, and every request goes on
+  ///   with the last reading's verdict, so a shard that is gone holds no
+  ///   request (one that may have charged already) for its connects. A
   ///   shard that records no place, or another one, would let a key's retry
   ///   run on a shard where another process does not look; a shard that
   ///   answers with another place refuses them all.
@@ -212,6 +220,11 @@ class store {
   void check_recorded_map(std::size_t shard, std::int64_t now_ns);
   /// Every shard's recorded place, until they all answered and agreed once.
   void check_whole_map(std::int64_t now_ns);
+  /// Reads every shard's place and publishes what it found; returns the
+  /// refusal when a shard that answers names another place.
+  std::optional<storage_error> read_whole_map();
+  /// read_whole_map() on a thread of its own, unless one is still running.
+  void read_whole_map_in_background();
   /// The next request reads the shard map again (after a migrate here).
   void read_map_again();
   /// What a reading of every shard's place (begun at `started_ns`) found.
@@ -240,6 +253,8 @@ class store {
   std::mutex whole_map_mutex_;                    // guards the two below
   std::int64_t whole_map_conflict_found_ns_ = 0;  // when the last conflict was found
   std::string whole_map_conflict_text_;           // what it said
+  std::mutex background_mutex_;                   // guards the one below
+  std::future<void> background_reading_;          // the later reading, if one was started
 };
 
 }  // namespace orpheus
