@@ -469,7 +469,7 @@ struct in_process_payments {
     stub = payments::v1::Payments::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                                                grpc::InsecureChannelCredentials()));
   }
-  grpc::Status pay(const std::string& key, std::chrono::seconds deadline,
+  grpc::Status pay(const std::string& key, std::chrono::milliseconds deadline,
                    payments::v1::Payment* out = nullptr, bool* replayed = nullptr) {
     grpc::ClientContext ctx;
     ctx.AddMetadata("idempotency-key", key);
@@ -555,6 +555,47 @@ TEST(GrpcInProcess, ACallStillQueuedWhenTheStopBeginsIsAnsweredNotStarted) {
       << queued_status.error_message();
   EXPECT_EQ(p.bank.charges, 0) << "a queued call charged during the stop";
   EXPECT_FALSE(p.store->read({"client:m1", "queued", std::string(64, '0')}));
+}
+
+// Found in review: a call whose deadline passed while it waited in the
+// pool's queue ran when a worker took it, a charge its client had been told
+// may not have happened (DEADLINE_EXCEEDED) and nobody waited for. It is
+// finished and nothing of it runs; a retry with the key is a new request.
+TEST(GrpcInProcess, ACallWhoseDeadlinePassedInTheQueueIsNotStarted) {
+  using namespace std::chrono_literals;
+  in_process_payments p(1, [](const grpc::CallbackServerContext&) -> std::optional<std::string> {
+    return "client:m1";
+  });
+  ASSERT_TRUE(p.server);
+  std::latch started(1);
+  std::latch release(1);
+  ASSERT_TRUE(p.pool.try_submit([&] {
+    started.count_down();
+    release.wait();  // a call running on the only worker
+  }));
+  started.wait();
+  std::latch late_job_done(1);
+  grpc::Status late_status;
+  std::thread late([&] { late_status = p.pay("late", 300ms); });
+  while (p.pool.queued() == 0) std::this_thread::sleep_for(1ms);
+  // Behind the late call in the one worker's queue: it runs once that call's
+  // job has ended.
+  ASSERT_TRUE(p.pool.try_submit([&] { late_job_done.count_down(); }));
+  late.join();
+  EXPECT_EQ(late_status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << late_status.error_message();
+  // The server's deadline is the client's, from when the call arrived: a
+  // second is for the clocks, the test does not depend on its length.
+  std::this_thread::sleep_for(1s);
+  release.count_down();
+  late_job_done.wait();
+  EXPECT_EQ(p.bank.charges, 0) << "a call past its deadline charged when a worker took it";
+  EXPECT_FALSE(p.store->read({"client:m1", "late", std::string(64, '0')}));
+  const grpc::Status retried = p.pay("late", 20s);
+  EXPECT_TRUE(retried.ok()) << retried.error_message();
+  EXPECT_EQ(p.bank.charges, 1);
+  p.server->Shutdown(std::chrono::system_clock::now() + 10s);
+  p.pool.drain();
 }
 
 // Post-RPC's forms, for a method whose RPC returns an outcome<T>.

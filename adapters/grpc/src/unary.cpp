@@ -369,6 +369,17 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
           // has run, and a stop does not wait for new downstream calls (as over
           // HTTP: beast::middleware).
           if (pool.draining()) return reactor->Finish(status_of(work_pool::draining_refusal()));
+          // Found in review: a call whose deadline passed, or whose client
+          // cancelled it, while it waited for a worker still ran when one
+          // took it: a charge its client had already been told may not
+          // have happened, made with nobody waiting for the answer. Nothing
+          // of it has run; the client already has its own status.
+          if (ctx->IsCancelled() || std::chrono::system_clock::now() >= ctx->deadline()) {
+            return reactor->Finish(status_of(error_info::of(
+                error_class::unavailable, codes::deadline_exceeded,
+                "the call's deadline passed, or it was cancelled, while it waited for a "
+                "worker; nothing of it was started; retry with the same key")));
+          }
           answer(ctx, reactor, reply, id, run(id, process_options{}));
         } catch (...) {  // the pool swallows what a job throws: finish the call anyway
           // The request may have run (an allocation failed after it): a
