@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
-#include <future>
 #include <limits>
 #include <optional>
 #include <string>
@@ -101,9 +100,13 @@ store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backen
 }
 
 store::~store() {
-  // The reading uses the backend, which goes with this store.
-  const std::lock_guard lock(background_mutex_);
-  if (background_reading_.valid()) background_reading_.wait();
+  // The reader uses the backend, which goes with this store.
+  {
+    const std::lock_guard lock(reader_mutex_);
+    reader_stop_.store(true, std::memory_order_release);
+  }
+  reader_cv_.notify_all();
+  if (reader_.joinable()) reader_.join();
 }
 
 std::size_t store::shard_count() const { return backend_->shard_count(); }
@@ -250,7 +253,7 @@ void store::recheck_shard_map_every(std::chrono::milliseconds every) {
     throw config_error("store: the shard map recheck interval must be 0 to 24 hours");
   }
   map_recheck_ns_.store(std::chrono::nanoseconds(every).count(), std::memory_order_relaxed);
-  read_map_again();
+  read_map_again();  // and the reader at once, on its new interval
 }
 
 void store::read_map_again() {
@@ -261,6 +264,11 @@ void store::read_map_again() {
   }
   whole_map_agreed_.store(false, std::memory_order_release);
   whole_map_due_ns_.store(0, std::memory_order_release);
+  {
+    const std::lock_guard lock(reader_mutex_);
+    reader_wake_ = true;
+  }
+  reader_cv_.notify_all();
 }
 
 void store::migrate_shard(std::size_t shard, bool adopt_map) {
@@ -347,30 +355,34 @@ void store::check_whole_map(std::int64_t now_ns) {
   // answering and agreeing (found in review: a shard down at the first
   // reading was never read again; and a reading that passed over the
   // requesting shard was taken for the whole map).
+  const std::int64_t every = map_recheck_ns_.load(std::memory_order_relaxed);
   std::int64_t due = whole_map_due_ns_.load(std::memory_order_acquire);
   const bool my_turn =
-      now_ns >= due && whole_map_due_ns_.compare_exchange_strong(
-                           due, now_ns + map_recheck_ns_.load(std::memory_order_relaxed));
-  if (!whole_map_checked_.load(std::memory_order_acquire)) {
-    // Until a first reading has finished, every request makes one and waits
-    // for it: none is served on a map not read yet.
-    if (auto conflict = read_whole_map()) throw *conflict;
-    return;
+      now_ns >= due && whole_map_due_ns_.compare_exchange_strong(due, now_ns + every);
+  const auto read_here = [&] {
+    const auto conflict = read_whole_map();
+    if (every > 0 && !whole_map_agreed_.load(std::memory_order_acquire)) start_map_reader();
+    if (conflict) throw *conflict;
+  };
+  // Until a first reading has finished, every request makes one and waits
+  // for it: none is served on a map not read yet.
+  if (!whole_map_checked_.load(std::memory_order_acquire)) return read_here();
+  // After that the map reader reads it, once per interval whether requests
+  // come or not, and requests go on with the last verdict (found in a
+  // session's review: the request that found the interval over read every
+  // shard itself, and with a shard gone it waited for each node's connects,
+  // twice, perhaps in its second transaction after the charge, long enough
+  // to lose its lease; and in the next review: a reading started by a
+  // request, not waited for, left the verdict as old as the last request
+  // after an idle spell). One request per interval still reads and waits
+  // when the interval is 0 (every request, as asked), when no thread could
+  // be had, and while the last verdict is a conflict: such a request is
+  // refused otherwise, and the reading may clear it (after an adopt here,
+  // found in a test).
+  const bool reader = every > 0 && start_map_reader();
+  if (my_turn && (!reader || whole_map_conflict_.load(std::memory_order_acquire))) {
+    return read_here();
   }
-  // Later readings run off the request path, and every request goes on with
-  // the last verdict meanwhile, as the others always did while one request
-  // read (found in a session's review: the request that won the interval's
-  // turn read every shard itself, and with a shard gone it waited for each
-  // node's connects, twice, perhaps in its second transaction after the
-  // charge, long enough to lose its lease).
-  if (my_turn && whole_map_conflict_.load(std::memory_order_acquire)) {
-    // Refused by the last reading: the request waits for this one, which
-    // may let it through (after an adopt_shard_map() here, found in a test:
-    // the old conflict refused requests until a reading off the path ended).
-    if (auto conflict = read_whole_map()) throw *conflict;
-    return;
-  }
-  if (my_turn) read_whole_map_in_background();
   if (whole_map_conflict_.load(std::memory_order_acquire)) {
     const std::lock_guard lock(whole_map_mutex_);
     if (whole_map_conflict_.load(std::memory_order_relaxed)) {  // not cleared meanwhile
@@ -379,11 +391,12 @@ void store::check_whole_map(std::int64_t now_ns) {
   }
 }
 
-std::optional<storage_error> store::read_whole_map() {
+std::optional<storage_error> store::read_whole_map(const std::atomic<bool>* stop) {
   const std::int64_t started_ns = steady_ns();  // not the request's: the schema check may be slow
   bool every_one_agreed = true;
   std::optional<storage_error> conflict;
   for (std::size_t s = 0; s < shard_count() && !conflict; ++s) {
+    if (stop != nullptr && stop->load(std::memory_order_acquire)) return std::nullopt;
     std::optional<shard_place> recorded;
     try {
       recorded = place_in(backend_->read(s, sql_->read_shard_map, {}));
@@ -402,29 +415,49 @@ std::optional<storage_error> store::read_whole_map() {
   return conflict;
 }
 
-void store::read_whole_map_in_background() {
-  {
-    const std::lock_guard lock(background_mutex_);
-    if (background_reading_.valid() &&
-        background_reading_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-      return;  // one is still reading (a shard slower than the interval)
-    }
+bool store::start_map_reader() {
+  if (reader_started_.load(std::memory_order_acquire)) return true;
+  const std::lock_guard lock(reader_mutex_);
+  if (!reader_.joinable()) {
     try {
-      background_reading_ = std::async(std::launch::async, [this] {
-        try {
-          (void)read_whole_map();  // it publishes what it finds
-        } catch (const std::exception& e) {
-          // Nothing published: the last verdict stands, and the next
-          // interval reads again.
-          log(log_level::error, std::string("store: reading the shard map failed: ") + e.what());
-        }
-      });
-      return;
-    } catch (const std::system_error&) {
-      // No thread to be had: read here, as a request did before.
+      reader_ = std::thread([this] { read_map_every_interval(); });
+    } catch (const std::system_error& e) {
+      log(log_level::warning, std::string("store: no thread for the shard map's reader (") +
+                                  e.what() + "); requests read it themselves");
+      return false;
     }
   }
-  if (auto conflict = read_whole_map()) throw *conflict;
+  reader_started_.store(true, std::memory_order_release);
+  return true;
+}
+
+void store::read_map_every_interval() {
+  std::unique_lock lock(reader_mutex_);
+  for (;;) {
+    const std::int64_t every = map_recheck_ns_.load(std::memory_order_relaxed);
+    const auto woken = [this] {
+      return reader_stop_.load(std::memory_order_acquire) || reader_wake_;
+    };
+    if (every == 0) {
+      reader_cv_.wait(lock, woken);  // requests read it themselves
+    } else {
+      reader_cv_.wait_for(lock, std::chrono::nanoseconds(every), woken);
+    }
+    if (reader_stop_.load(std::memory_order_acquire)) return;
+    reader_wake_ = false;
+    if (map_recheck_ns_.load(std::memory_order_relaxed) == 0 ||
+        whole_map_agreed_.load(std::memory_order_acquire)) {
+      continue;  // interval 0: the requests read it; agreed: nothing to read until asked
+    }
+    lock.unlock();
+    try {
+      (void)read_whole_map(&reader_stop_);  // it publishes what it finds
+    } catch (const std::exception& e) {
+      // Nothing published: the last verdict stands until the next reading.
+      log(log_level::error, std::string("store: reading the shard map failed: ") + e.what());
+    }
+    lock.lock();
+  }
 }
 
 void store::publish_whole_map(std::int64_t started_ns, const std::optional<storage_error>& conflict,

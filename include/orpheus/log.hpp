@@ -12,7 +12,9 @@
 // and log() may be called from any thread; the sink is called on the thread
 // that logs, so it must be thread-safe itself and must not throw. Nor may
 // it block: it is called inside transactions too (from Pre-RPC, Post-RPC
-// and the library's own phases), on SQLite's one writer thread, where a
+// and the library's own phases), on a sharded store's map reader thread
+// (store::backend_for_records(); until every shard's place agrees, and it
+// may log while the application stops), on SQLite's one writer thread, where a
 // sink waiting on a full pipe or a stopped terminal stops every write of
 // the process (found in review). Hand lines to a queue that drops when full.
 #pragma once

@@ -17,14 +17,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "orpheus/backend.hpp"
@@ -112,9 +113,10 @@ class store {
   explicit store(std::unique_ptr<store_backend> backend);
   store(const store&) = delete;
   store& operator=(const store&) = delete;
-  /// Waits for a reading of the whole shard map that is still running on
-  /// its own thread (backend_for_records()): with a shard gone, up to its
-  /// connects.
+  /// Stops the map reader (backend_for_records()), waiting for the shard
+  /// it is reading: with that shard gone, up to its connects, and for one
+  /// that is frozen, a read's timeouts. The reader uses only the backend;
+  /// a derived store's backend must not use the derived store's members.
   virtual ~store();
 
   [[nodiscard]] std::size_t shard_count() const;
@@ -171,8 +173,9 @@ class store {
   void adopt_shard_map();
   /// How often a shard's recorded map is read again once it was found to
   /// agree (10 s unless set): one read per shard per interval, on the
-  /// request that finds the interval over. 0 (every request) to 24 hours;
-  /// config_error otherwise.
+  /// request that finds the interval over; and the whole map's, by the map
+  /// reader (backend_for_records()). 0 (every request, on the request) to
+  /// 24 hours; config_error otherwise.
   void recheck_shard_map_every(std::chrono::milliseconds every);
   /// The highest applied schema version of a shard (0 before any).
   int schema_version(std::size_t shard);
@@ -195,14 +198,17 @@ class store {
   ///   more than one shard, the places of every shard, until one reading
   ///   finds every shard answering and agreeing. Until a first reading has
   ///   finished, every request makes one and waits for it (a shard that
-  ///   does not answer costs it two tries to connect); after that, one
-  ///   reading per interval runs on a thread of its own, started by the
-  ///   request that finds the interval over, and every request goes on
-  ///   with the last reading's verdict, so a shard that is gone holds no
-  ///   request (one that may have charged already) for its connects. A
-  ///   shard that records no place, or another one, would let a key's retry
-  ///   run on a shard where another process does not look; a shard that
-  ///   answers with another place refuses them all.
+  ///   does not answer costs it two tries to connect). After that, the map
+  ///   reader, a thread of the store's own, reads it once per interval
+  ///   (whether requests come or not), and requests go on with the last
+  ///   reading's verdict, so a shard that is gone holds no request (one
+  ///   that may have charged already) for its connects. Requests still read
+  ///   it themselves, one per interval, and wait: with an interval of 0;
+  ///   while the last reading found a conflict (they are refused
+  ///   otherwise); and when no thread could be started. A shard that
+  ///   records no place, or another one, would let a key's retry run on a
+  ///   shard where another process does not look; a shard that answers
+  ///   with another place refuses them all.
   /// Either way this throws a retryable storage_error (storage_unavailable)
   /// that says what differs, and keeps refusing until it is fixed: nothing
   /// is written. A read that fails throws as read() does.
@@ -221,10 +227,14 @@ class store {
   /// Every shard's recorded place, until they all answered and agreed once.
   void check_whole_map(std::int64_t now_ns);
   /// Reads every shard's place and publishes what it found; returns the
-  /// refusal when a shard that answers names another place.
-  std::optional<storage_error> read_whole_map();
-  /// read_whole_map() on a thread of its own, unless one is still running.
-  void read_whole_map_in_background();
+  /// refusal when a shard that answers names another place. Once `stop` is
+  /// set, it stops before the next shard and publishes nothing.
+  std::optional<storage_error> read_whole_map(const std::atomic<bool>* stop = nullptr);
+  /// Starts the map reader unless it runs; false when no thread could be had.
+  bool start_map_reader();
+  /// The map reader's loop: the whole map once per interval while it has
+  /// not agreed, at once when read_map_again() asks.
+  void read_map_every_interval();
   /// The next request reads the shard map again (after a migrate here).
   void read_map_again();
   /// What a reading of every shard's place (begun at `started_ns`) found.
@@ -253,8 +263,13 @@ class store {
   std::mutex whole_map_mutex_;                    // guards the two below
   std::int64_t whole_map_conflict_found_ns_ = 0;  // when the last conflict was found
   std::string whole_map_conflict_text_;           // what it said
-  std::mutex background_mutex_;                   // guards the one below
-  std::future<void> background_reading_;          // the later reading, if one was started
+  // The map reader (check_whole_map()).
+  std::atomic<bool> reader_started_{false};
+  std::atomic<bool> reader_stop_{false};  // set once, by ~store
+  std::mutex reader_mutex_;               // guards the three below
+  std::condition_variable reader_cv_;
+  bool reader_wake_ = false;  // read at once (read_map_again(), a new interval)
+  std::thread reader_;
 };
 
 }  // namespace orpheus
