@@ -53,6 +53,13 @@ int main(int argc, char** argv) {
   if (server.empty() || api_key.empty() || request.amount() <= 0 || attempts < 1) {
     f.fail("--server, --api-key (or ORPHEUS_API_KEY) and --amount are required");
   }
+  // A proto3 string that is not UTF-8 serialises but does not parse: the
+  // server's gRPC refuses it with a bare INTERNAL, which reads as "may have
+  // run", so every attempt would fail and the payment end unsettled (found
+  // in review). Refused here, before anything is sent.
+  if (payments::v1::CreatePaymentRequest back; !back.ParseFromString(request.SerializeAsString())) {
+    f.fail("--currency and --customer must be UTF-8 text");
+  }
   // An attempt that may have reached the server (no answer, UNAVAILABLE
   // while another attempt held the key or the store was away), or a run before this one
   // (--key): a later refusal that is not the server's record (an expired

@@ -263,6 +263,23 @@ TEST(PaymentsGrpcServer, BadFlagsExitTwoAndWriteNothing) {
   std::filesystem::remove_all(dir);
 }
 
+// Found in review: the example client sent a --customer that is not UTF-8;
+// the server's gRPC could not parse it and answered a bare INTERNAL, which
+// the client read as "may have run" and retried until it gave up unsettled
+// (exit 3). It is a bad flag (exit 2), and nothing is sent: the server given
+// here does not exist, so a send would end in UNAVAILABLE and exit 3.
+TEST(PaymentsGrpcClient, ACustomerThatIsNotUtf8IsABadFlag) {
+  test::child_process client(
+      {ORPHEUS_BINARY_DIR "/examples/payments_grpc_client", "--server", "127.0.0.1:1", "--api-key",
+       kKey, "--amount", "100", "--customer", "caf\xe9", "--attempts", "1"},
+      true);
+  std::string said;
+  while (const auto line = client.read_line(std::chrono::seconds(30))) said += *line + "\n";
+  EXPECT_EQ(client.wait(), 2) << said;
+  EXPECT_NE(said.find("UTF-8"), std::string::npos) << said;
+  EXPECT_EQ(said.find("attempt 1"), std::string::npos) << "it was sent: " << said;
+}
+
 TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
   for (const int status : {409, 429}) {
     const auto s = orpheus::grpc::status_of_recorded(orpheus::response{
