@@ -2,6 +2,8 @@
 // backend. The SQL is the record layer's (records.cpp); the backend runs it.
 #include "orpheus/store.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -100,13 +102,21 @@ store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backen
 }
 
 store::~store() {
+  if (!reader_) return;
+  if (reader_pid_.load(std::memory_order_acquire) != ::getpid()) {
+    // A forked child's copy of the parent's thread object: there is no such
+    // thread here to stop or join, and destroying it joinable would end the
+    // process.
+    (void)reader_.release();  // left on purpose
+    return;
+  }
   // The reader uses the backend, which goes with this store.
   {
     const std::lock_guard lock(reader_mutex_);
     reader_stop_.store(true, std::memory_order_release);
   }
   reader_cv_.notify_all();
-  if (reader_.joinable()) reader_.join();
+  reader_->join();
 }
 
 std::size_t store::shard_count() const { return backend_->shard_count(); }
@@ -263,7 +273,15 @@ void store::read_map_again() {
     checks_[s].map_checked_until_ns.store(0, std::memory_order_release);
   }
   whole_map_agreed_.store(false, std::memory_order_release);
+  // Found in review: with the map reader, the first request after a new
+  // interval went on with a verdict as old as the interval had been (an
+  // hour's, from 0 to 10 s on an idle service), while the reader read.
+  read_on_request_.store(true, std::memory_order_release);
   whole_map_due_ns_.store(0, std::memory_order_release);
+  wake_map_reader();
+}
+
+void store::wake_map_reader() {
   {
     const std::lock_guard lock(reader_mutex_);
     reader_wake_ = true;
@@ -360,8 +378,9 @@ void store::check_whole_map(std::int64_t now_ns) {
   const bool my_turn =
       now_ns >= due && whole_map_due_ns_.compare_exchange_strong(due, now_ns + every);
   const auto read_here = [&] {
+    read_on_request_.store(false, std::memory_order_release);  // this is it
     const auto conflict = read_whole_map();
-    if (every > 0 && !whole_map_agreed_.load(std::memory_order_acquire)) start_map_reader();
+    if (every > 0 && !whole_map_agreed_.load(std::memory_order_acquire)) start_map_reader(now_ns);
     if (conflict) throw *conflict;
   };
   // Until a first reading has finished, every request makes one and waits
@@ -374,13 +393,15 @@ void store::check_whole_map(std::int64_t now_ns) {
   // twice, perhaps in its second transaction after the charge, long enough
   // to lose its lease; and in the next review: a reading started by a
   // request, not waited for, left the verdict as old as the last request
-  // after an idle spell). One request per interval still reads and waits
-  // when the interval is 0 (every request, as asked), when no thread could
-  // be had, and while the last verdict is a conflict: such a request is
-  // refused otherwise, and the reading may clear it (after an adopt here,
-  // found in a test).
-  const bool reader = every > 0 && start_map_reader();
-  if (my_turn && (!reader || whole_map_conflict_.load(std::memory_order_acquire))) {
+  // after an idle spell). One request per interval still reads and waits:
+  // with an interval of 0 (every request, as asked); without a reader (no
+  // thread, a forked child); while the last verdict is a conflict (such a
+  // request is refused otherwise, and the reading may clear it: after an
+  // adopt here, found in a test); and when asked (read_map_again(), a
+  // reading of the reader's that failed).
+  const bool reader = every > 0 && start_map_reader(now_ns);
+  if (my_turn && (!reader || whole_map_conflict_.load(std::memory_order_acquire) ||
+                  read_on_request_.exchange(false, std::memory_order_acq_rel))) {
     return read_here();
   }
   if (whole_map_conflict_.load(std::memory_order_acquire)) {
@@ -415,19 +436,26 @@ std::optional<storage_error> store::read_whole_map(const std::atomic<bool>* stop
   return conflict;
 }
 
-bool store::start_map_reader() {
-  if (reader_started_.load(std::memory_order_acquire)) return true;
+bool store::start_map_reader(std::int64_t now_ns) {
+  const std::int64_t pid = reader_pid_.load(std::memory_order_acquire);
+  if (pid != 0) return pid == ::getpid();  // a forked child has no reader
+  if (now_ns < reader_retry_ns_.load(std::memory_order_relaxed)) return false;
   const std::lock_guard lock(reader_mutex_);
-  if (!reader_.joinable()) {
+  if (!reader_) {
     try {
-      reader_ = std::thread([this] { read_map_every_interval(); });
+      reader_ = std::make_unique<std::thread>([this] { read_map_every_interval(); });
     } catch (const std::system_error& e) {
+      // Found in review: tried again on every request, each taking the lock
+      // and logging.
+      const std::int64_t every = map_recheck_ns_.load(std::memory_order_relaxed);
+      reader_retry_ns_.store(now_ns + std::max<std::int64_t>(every, 1'000'000'000),
+                             std::memory_order_relaxed);
       log(log_level::warning, std::string("store: no thread for the shard map's reader (") +
                                   e.what() + "); requests read it themselves");
       return false;
     }
+    reader_pid_.store(::getpid(), std::memory_order_release);
   }
-  reader_started_.store(true, std::memory_order_release);
   return true;
 }
 
@@ -438,8 +466,11 @@ void store::read_map_every_interval() {
     const auto woken = [this] {
       return reader_stop_.load(std::memory_order_acquire) || reader_wake_;
     };
-    if (every == 0) {
-      reader_cv_.wait(lock, woken);  // requests read it themselves
+    // Interval 0: the requests read it. Agreed: nothing to read until a
+    // conflict or read_map_again() wakes it (found in review: it woke every
+    // interval only to find the map agreed).
+    if (every == 0 || whole_map_agreed_.load(std::memory_order_acquire)) {
+      reader_cv_.wait(lock, woken);
     } else {
       reader_cv_.wait_for(lock, std::chrono::nanoseconds(every), woken);
     }
@@ -447,13 +478,15 @@ void store::read_map_every_interval() {
     reader_wake_ = false;
     if (map_recheck_ns_.load(std::memory_order_relaxed) == 0 ||
         whole_map_agreed_.load(std::memory_order_acquire)) {
-      continue;  // interval 0: the requests read it; agreed: nothing to read until asked
+      continue;
     }
     lock.unlock();
     try {
       (void)read_whole_map(&reader_stop_);  // it publishes what it finds
     } catch (const std::exception& e) {
-      // Nothing published: the last verdict stands until the next reading.
+      // Nothing published: the next turn's request reads and waits (found
+      // in review: the verdict went on ageing with no request refused).
+      read_on_request_.store(true, std::memory_order_release);
       log(log_level::error, std::string("store: reading the shard map failed: ") + e.what());
     }
     lock.lock();
@@ -462,7 +495,18 @@ void store::read_map_every_interval() {
 
 void store::publish_whole_map(std::int64_t started_ns, const std::optional<storage_error>& conflict,
                               bool every_one_agreed) {
-  const std::lock_guard lock(whole_map_mutex_);
+  bool was_agreed = false;
+  {
+    const std::lock_guard lock(whole_map_mutex_);
+    was_agreed = publish_locked(started_ns, conflict, every_one_agreed);
+  }
+  // The reader waits without a timeout while the map agrees.
+  if (conflict && was_agreed) wake_map_reader();
+}
+
+bool store::publish_locked(std::int64_t started_ns, const std::optional<storage_error>& conflict,
+                           bool every_one_agreed) {
+  const bool was_agreed = whole_map_agreed_.load(std::memory_order_relaxed);
   if (conflict) {
     // A conflict always speaks, and every shard's own check, which might
     // have let requests through until its next due time, is due at once
@@ -484,6 +528,7 @@ void store::publish_whole_map(std::int64_t started_ns, const std::optional<stora
     if (every_one_agreed) whole_map_agreed_.store(true, std::memory_order_release);
   }
   whole_map_checked_.store(true, std::memory_order_release);
+  return was_agreed;
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {

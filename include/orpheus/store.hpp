@@ -117,6 +117,11 @@ class store {
   /// it is reading: with that shard gone, up to its connects, and for one
   /// that is frozen, a read's timeouts. The reader uses only the backend;
   /// a derived store's backend must not use the derived store's members.
+  ///
+  /// A store is not carried across fork(): make it in the process that
+  /// uses it (its connections do not survive a fork, nor does the reader;
+  /// a forked child's requests read the map themselves, and its destructor
+  /// leaves the parent's thread alone).
   virtual ~store();
 
   [[nodiscard]] std::size_t shard_count() const;
@@ -205,7 +210,10 @@ class store {
   ///   that may have charged already) for its connects. Requests still read
   ///   it themselves, one per interval, and wait: with an interval of 0;
   ///   while the last reading found a conflict (they are refused
-  ///   otherwise); and when no thread could be started. A shard that
+  ///   otherwise); the first after a migrate or adopt here or a new
+  ///   interval; after a reading of the reader's failed with something
+  ///   other than a storage_error; and when no thread could be started
+  ///   (tried again once per interval) or in a forked child. A shard that
   ///   records no place, or another one, would let a key's retry run on a
   ///   shard where another process does not look; a shard that answers
   ///   with another place refuses them all.
@@ -230,16 +238,23 @@ class store {
   /// refusal when a shard that answers names another place. Once `stop` is
   /// set, it stops before the next shard and publishes nothing.
   std::optional<storage_error> read_whole_map(const std::atomic<bool>* stop = nullptr);
-  /// Starts the map reader unless it runs; false when no thread could be had.
-  bool start_map_reader();
+  /// Starts the map reader unless it runs; false when no thread could be
+  /// had (tried again once per interval) and in a forked child.
+  bool start_map_reader(std::int64_t now_ns);
+  /// Wakes the map reader to read at once (or, agreed, to wait again).
+  void wake_map_reader();
   /// The map reader's loop: the whole map once per interval while it has
   /// not agreed, at once when read_map_again() asks.
   void read_map_every_interval();
-  /// The next request reads the shard map again (after a migrate here).
+  /// The next request reads the shard map again, and waits for it (after
+  /// a migrate here, or a new interval); so does the reader.
   void read_map_again();
   /// What a reading of every shard's place (begun at `started_ns`) found.
   void publish_whole_map(std::int64_t started_ns, const std::optional<storage_error>& conflict,
                          bool every_one_agreed);
+  /// The same under whole_map_mutex_; returns whether the map agreed before.
+  bool publish_locked(std::int64_t started_ns, const std::optional<storage_error>& conflict,
+                      bool every_one_agreed);
   /// Reads every shard's recorded place before migrate() or
   /// adopt_shard_map() writes anything (see there).
   void read_every_place(bool adopt);
@@ -264,12 +279,14 @@ class store {
   std::int64_t whole_map_conflict_found_ns_ = 0;  // when the last conflict was found
   std::string whole_map_conflict_text_;           // what it said
   // The map reader (check_whole_map()).
-  std::atomic<bool> reader_started_{false};
-  std::atomic<bool> reader_stop_{false};  // set once, by ~store
-  std::mutex reader_mutex_;               // guards the three below
+  std::atomic<bool> read_on_request_{false};      // the next turn's request reads, and waits
+  std::atomic<std::int64_t> reader_pid_{0};       // the process that started it; 0: none
+  std::atomic<std::int64_t> reader_retry_ns_{0};  // after a thread could not be had
+  std::atomic<bool> reader_stop_{false};          // set once, by ~store
+  std::mutex reader_mutex_;                       // guards the three below
   std::condition_variable reader_cv_;
-  bool reader_wake_ = false;  // read at once (read_map_again(), a new interval)
-  std::thread reader_;
+  bool reader_wake_ = false;  // read at once (read_map_again(), a conflict)
+  std::unique_ptr<std::thread> reader_;
 };
 
 }  // namespace orpheus

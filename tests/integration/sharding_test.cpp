@@ -502,6 +502,56 @@ TEST(Sharding, AfterAnIdleSpellTheMapIsNoOlderThanTheReadersLastReading) {
   EXPECT_EQ(rpcs, 1);
 }
 
+// Found in review of the map reader: a new interval (or a migrate here) let
+// the next request go on with the verdict read before it, however old
+// (interval 0 on an idle service, then 10 s), while the reader read. That
+// request now reads the map itself. The reader's own reading of y is held
+// here, so only the request's can find that y records another place.
+TEST(Sharding, TheFirstRequestAfterANewIntervalReadsTheMapItself) {
+  using namespace std::chrono_literals;
+  scratch_databases dbs("orpheus_new_interval_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store xy(dbs.map({0, 1}));
+  xy.migrate_shard(0);
+  const std::string read_map = xy.statements().read_shard_map;
+  const auto test_thread = std::this_thread::get_id();  // the requests' thread
+  std::mutex mu;
+  std::condition_variable cv;
+  bool reader_held = false;
+  bool release = false;
+  std::atomic<bool> hold_reader{false};
+  test::forwarding_store fs(xy);
+  fs.before_read = [&](std::size_t shard, std::string_view sql) {
+    if (!hold_reader || shard != 1 || sql != read_map) return;
+    if (std::this_thread::get_id() == test_thread) return;
+    std::unique_lock lock(mu);
+    reader_held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  manager m(fs);
+  int rpcs = 0;
+  EXPECT_EQ(pay(m, key_on(fs, 0, "early-"), rpcs).status, 201) << "y has no map yet: x serves";
+  record_place_by_hand(dbs, 1, 0, 2);  // y: "shard 0 of 2", as x is
+  hold_reader = true;
+  fs.recheck_shard_map_every(10s);  // wakes the reader, which is held at y
+  bool was_held = false;
+  {
+    std::unique_lock lock(mu);
+    was_held = cv.wait_for(lock, 30s, [&] { return reader_held; });
+  }
+  EXPECT_TRUE(was_held) << "the reader did not read y when woken";
+  expect_refused(m, key_on(fs, 0, "late-"), rpcs,
+                 "shard 1 of this store's 2 records itself as shard 0",
+                 "x, the first request after a new interval, while the reader was held");
+  {
+    const std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_EQ(rpcs, 1);
+}
+
 // Found in review (third round): a conflict found by a migrate of a late
 // shard (the example server's) was only logged, and one found by a request
 // on one shard left the others served until their own next check, up to an
@@ -532,15 +582,17 @@ TEST(Sharding, ACheckThatEndsAfterAConflictWasFoundLeavesItsShardRefused) {
   ASSERT_EQ(dbs.servers.size(), 2U);
   mysql_store xy(dbs.map({0, 1}));  // the default recheck interval, 10 s
   xy.migrate_shard(0);              // y is not migrated yet: no agreement
-  test::forwarding_store fs(xy);
   const std::string read_map = xy.statements().read_shard_map;
+  // Before the store: its map reader may call the hook until it is stopped.
   std::mutex m;
   std::condition_variable cv;
   bool held = false;
   bool release = false;
   int map_reads_of_x = 0;
+  std::atomic<bool> hooked{true};
+  test::forwarding_store fs(xy);
   fs.before_read = [&](std::size_t shard, std::string_view sql) {
-    if (shard != 0 || sql != read_map) return;
+    if (!hooked || shard != 0 || sql != read_map) return;
     std::unique_lock lock(m);
     // The first is the whole map's reading, the second x's own check.
     if (++map_reads_of_x != 2) return;
@@ -569,7 +621,7 @@ TEST(Sharding, ACheckThatEndsAfterAConflictWasFoundLeavesItsShardRefused) {
   }
   cv.notify_all();
   first.join();
-  fs.before_read = nullptr;
+  hooked = false;  // not the std::function itself: the reader may be calling it
   const int before = rpcs;
   expect_refused(mgr, key_on(fs, 0, "after-"), rpcs,
                  "shard 1 of this store's 2 records itself as shard 0 of 1",
