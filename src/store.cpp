@@ -6,12 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -92,7 +93,15 @@ std::int64_t steady_ns() {
 
 }  // namespace
 
-store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backend)) {
+struct store::map_reader {
+  std::mutex mutex;  // guards the two below
+  std::condition_variable cv;
+  bool wake = false;  // read at once (read_map_again(), a conflict on an agreed map)
+  std::thread thread;
+};
+
+store::store(std::unique_ptr<store_backend> backend)
+    : backend_(std::move(backend)), reader_(std::make_unique<map_reader>()) {
   if (!backend_) throw config_error("store: no backend");
   if (backend_->shard_count() == 0) throw config_error("store: the backend has no shard");
   sql_ = std::make_unique<const detail::record_sql>(backend_->dialect());
@@ -102,21 +111,23 @@ store::store(std::unique_ptr<store_backend> backend) : backend_(std::move(backen
 }
 
 store::~store() {
-  if (!reader_) return;
-  if (reader_pid_.load(std::memory_order_acquire) != ::getpid()) {
-    // A forked child's copy of the parent's thread object: there is no such
-    // thread here to stop or join, and destroying it joinable would end the
-    // process.
-    (void)reader_.release();  // left on purpose
+  const std::int64_t pid = reader_pid_.load(std::memory_order_acquire);
+  if (pid == 0) return;  // never started
+  if (pid != ::getpid()) {
+    // A forked child's copy of the parent's reader: no such thread here to
+    // stop or join (destroying it joinable ends the process), a condition
+    // variable the parent's thread was waiting on (destroying it waits for
+    // that waiter, forever), a mutex perhaps locked. Left as it is.
+    (void)reader_.release();
     return;
   }
   // The reader uses the backend, which goes with this store.
   {
-    const std::lock_guard lock(reader_mutex_);
+    const std::lock_guard lock(reader_->mutex);
     reader_stop_.store(true, std::memory_order_release);
   }
-  reader_cv_.notify_all();
-  reader_->join();
+  reader_->cv.notify_all();
+  reader_->thread.join();
 }
 
 std::size_t store::shard_count() const { return backend_->shard_count(); }
@@ -282,11 +293,13 @@ void store::read_map_again() {
 }
 
 void store::wake_map_reader() {
+  const std::int64_t pid = reader_pid_.load(std::memory_order_acquire);
+  if (pid != 0 && pid != ::getpid()) return;  // a forked child: its lock may be held for ever
   {
-    const std::lock_guard lock(reader_mutex_);
-    reader_wake_ = true;
+    const std::lock_guard lock(reader_->mutex);
+    reader_->wake = true;
   }
-  reader_cv_.notify_all();
+  reader_->cv.notify_all();
 }
 
 void store::migrate_shard(std::size_t shard, bool adopt_map) {
@@ -440,42 +453,47 @@ bool store::start_map_reader(std::int64_t now_ns) {
   const std::int64_t pid = reader_pid_.load(std::memory_order_acquire);
   if (pid != 0) return pid == ::getpid();  // a forked child has no reader
   if (now_ns < reader_retry_ns_.load(std::memory_order_relaxed)) return false;
-  const std::lock_guard lock(reader_mutex_);
-  if (!reader_) {
+  std::optional<std::string> failure;
+  {
+    const std::lock_guard lock(reader_->mutex);
+    if (reader_pid_.load(std::memory_order_acquire) != 0) return true;  // another request's
     try {
-      reader_ = std::make_unique<std::thread>([this] { read_map_every_interval(); });
-    } catch (const std::system_error& e) {
+      reader_->thread = std::thread([this] { read_map_every_interval(); });
+      reader_pid_.store(::getpid(), std::memory_order_release);
+    } catch (const std::exception& e) {  // system_error, bad_alloc
       // Found in review: tried again on every request, each taking the lock
       // and logging.
       const std::int64_t every = map_recheck_ns_.load(std::memory_order_relaxed);
       reader_retry_ns_.store(now_ns + std::max<std::int64_t>(every, 1'000'000'000),
                              std::memory_order_relaxed);
-      log(log_level::warning, std::string("store: no thread for the shard map's reader (") +
-                                  e.what() + "); requests read it themselves");
-      return false;
+      failure = e.what();
     }
-    reader_pid_.store(::getpid(), std::memory_order_release);
+  }
+  if (failure) {  // logged outside the lock: a sink may be slow
+    log(log_level::warning, "store: no thread for the shard map's reader (" + *failure +
+                                "); requests read it themselves");
+    return false;
   }
   return true;
 }
 
 void store::read_map_every_interval() {
-  std::unique_lock lock(reader_mutex_);
+  std::unique_lock lock(reader_->mutex);
   for (;;) {
     const std::int64_t every = map_recheck_ns_.load(std::memory_order_relaxed);
     const auto woken = [this] {
-      return reader_stop_.load(std::memory_order_acquire) || reader_wake_;
+      return reader_stop_.load(std::memory_order_acquire) || reader_->wake;
     };
     // Interval 0: the requests read it. Agreed: nothing to read until a
     // conflict or read_map_again() wakes it (found in review: it woke every
     // interval only to find the map agreed).
     if (every == 0 || whole_map_agreed_.load(std::memory_order_acquire)) {
-      reader_cv_.wait(lock, woken);
+      reader_->cv.wait(lock, woken);
     } else {
-      reader_cv_.wait_for(lock, std::chrono::nanoseconds(every), woken);
+      reader_->cv.wait_for(lock, std::chrono::nanoseconds(every), woken);
     }
     if (reader_stop_.load(std::memory_order_acquire)) return;
-    reader_wake_ = false;
+    reader_->wake = false;
     if (map_recheck_ns_.load(std::memory_order_relaxed) == 0 ||
         whole_map_agreed_.load(std::memory_order_acquire)) {
       continue;

@@ -25,7 +25,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "orpheus/backend.hpp"
@@ -121,7 +120,7 @@ class store {
   /// A store is not carried across fork(): make it in the process that
   /// uses it (its connections do not survive a fork, nor does the reader;
   /// a forked child's requests read the map themselves, and its destructor
-  /// leaves the parent's thread alone).
+  /// leaves the parent's reader, its thread and its lock, as they are).
   virtual ~store();
 
   [[nodiscard]] std::size_t shard_count() const;
@@ -210,8 +209,8 @@ class store {
   ///   that may have charged already) for its connects. Requests still read
   ///   it themselves, one per interval, and wait: with an interval of 0;
   ///   while the last reading found a conflict (they are refused
-  ///   otherwise); the first after a migrate or adopt here or a new
-  ///   interval; after a reading of the reader's failed with something
+  ///   otherwise); normally the first after a migrate or adopt here or a
+  ///   new interval; after a reading of the reader's failed with something
   ///   other than a storage_error; and when no thread could be started
   ///   (tried again once per interval) or in a forked child. A shard that
   ///   records no place, or another one, would let a key's retry run on a
@@ -283,10 +282,12 @@ class store {
   std::atomic<std::int64_t> reader_pid_{0};       // the process that started it; 0: none
   std::atomic<std::int64_t> reader_retry_ns_{0};  // after a thread could not be had
   std::atomic<bool> reader_stop_{false};          // set once, by ~store
-  std::mutex reader_mutex_;                       // guards the three below
-  std::condition_variable reader_cv_;
-  bool reader_wake_ = false;  // read at once (read_map_again(), a conflict)
-  std::unique_ptr<std::thread> reader_;
+  // Its thread and what it waits on, in a block of their own: a forked
+  // child leaves the block as it is (found in review: destroying the
+  // parent's condition variable, which the parent's reader waited on,
+  // hung the child).
+  struct map_reader;
+  std::unique_ptr<map_reader> reader_;
 };
 
 }  // namespace orpheus

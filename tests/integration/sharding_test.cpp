@@ -1,9 +1,12 @@
 // Sharding over two real MariaDB servers: keys spread over both, and each
 // key's record and the application's rows land on that key's shard only.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -514,17 +517,19 @@ TEST(Sharding, TheFirstRequestAfterANewIntervalReadsTheMapItself) {
   mysql_store xy(dbs.map({0, 1}));
   xy.migrate_shard(0);
   const std::string read_map = xy.statements().read_shard_map;
-  const auto test_thread = std::this_thread::get_id();  // the requests' thread
   std::mutex mu;
   std::condition_variable cv;
+  int reads_since_hold = 0;
   bool reader_held = false;
   bool release = false;
   std::atomic<bool> hold_reader{false};
   test::forwarding_store fs(xy);
   fs.before_read = [&](std::size_t shard, std::string_view sql) {
     if (!hold_reader || shard != 1 || sql != read_map) return;
-    if (std::this_thread::get_id() == test_thread) return;
     std::unique_lock lock(mu);
+    // The first is the woken reader's (the request is sent once it is
+    // held); the request's own comes after.
+    if (++reads_since_hold != 1) return;
     reader_held = true;
     cv.notify_all();
     cv.wait(lock, [&] { return release; });
@@ -541,15 +546,62 @@ TEST(Sharding, TheFirstRequestAfterANewIntervalReadsTheMapItself) {
     was_held = cv.wait_for(lock, 30s, [&] { return reader_held; });
   }
   EXPECT_TRUE(was_held) << "the reader did not read y when woken";
-  expect_refused(m, key_on(fs, 0, "late-"), rpcs,
-                 "shard 1 of this store's 2 records itself as shard 0",
-                 "x, the first request after a new interval, while the reader was held");
+  // On a thread of its own: a build whose request waited for the held
+  // reader would fail here, not hang.
+  auto late = std::async(std::launch::async, [&] {
+    expect_refused(m, key_on(fs, 0, "late-"), rpcs,
+                   "shard 1 of this store's 2 records itself as shard 0",
+                   "x, the first request after a new interval, while the reader was held");
+  });
+  EXPECT_EQ(late.wait_for(30s), std::future_status::ready)
+      << "the request waited for the reader's reading";
   {
     const std::lock_guard lock(mu);
     release = true;
   }
   cv.notify_all();
+  late.get();
   EXPECT_EQ(rpcs, 1);
+}
+
+// Found in review of the map reader: a store carried across fork() (which
+// the docs say not to do) kept the parent's reader in the child: the
+// child's destructor joined a thread that is not there, or destroyed the
+// condition variable the parent's reader waits on, which waits for that
+// waiter for ever. The child leaves the reader as it is. Only the
+// forwarding store is destroyed in the child: the MariaDB connections
+// under it are the parent's.
+TEST(Sharding, AForkedChildDestroysAStoreWithAMapReaderWithoutHanging) {
+  using namespace std::chrono_literals;
+  scratch_databases dbs("orpheus_fork_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store xy(dbs.map({0, 1}));
+  xy.migrate_shard(0);  // y is not migrated: the reader starts and waits its 10 s
+  auto fs = std::make_unique<test::forwarding_store>(xy);
+  {
+    manager m(*fs);
+    int rpcs = 0;
+    EXPECT_EQ(pay(m, key_on(*fs, 0, "before-"), rpcs).status, 201);
+  }
+  const pid_t child = ::fork();
+  if (child == 0) {
+    fs.reset();
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 300 && !ended; ++i) {  // a bound for a broken build, not a timing
+    ended = ::waitpid(child, &status, WNOHANG) == child;
+    if (!ended) std::this_thread::sleep_for(100ms);
+  }
+  if (!ended) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+  }
+  EXPECT_TRUE(ended) << "the child hung destroying its copy of the store";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  fs.reset();  // the parent's own reader stops and is joined
 }
 
 // Found in review (third round): a conflict found by a migrate of a late
