@@ -101,7 +101,9 @@ struct store::map_reader {
 };
 
 store::store(std::unique_ptr<store_backend> backend)
-    : backend_(std::move(backend)), reader_(std::make_unique<map_reader>()) {
+    : backend_(std::move(backend)),
+      owner_pid_(::getpid()),
+      reader_(std::make_unique<map_reader>()) {
   if (!backend_) throw config_error("store: no backend");
   if (backend_->shard_count() == 0) throw config_error("store: the backend has no shard");
   sql_ = std::make_unique<const detail::record_sql>(backend_->dialect());
@@ -111,16 +113,16 @@ store::store(std::unique_ptr<store_backend> backend)
 }
 
 store::~store() {
-  const std::int64_t pid = reader_pid_.load(std::memory_order_acquire);
-  if (pid == 0) return;  // never started
-  if (pid != ::getpid()) {
+  if (::getpid() != owner_pid_) {
     // A forked child's copy of the parent's reader: no such thread here to
     // stop or join (destroying it joinable ends the process), a condition
     // variable the parent's thread was waiting on (destroying it waits for
-    // that waiter, forever), a mutex perhaps locked. Left as it is.
+    // that waiter, forever), a mutex perhaps locked (found in review: by a
+    // request starting the reader as the fork happened). Left as it is.
     (void)reader_.release();
     return;
   }
+  if (!reader_started_.load(std::memory_order_acquire)) return;
   // The reader uses the backend, which goes with this store.
   {
     const std::lock_guard lock(reader_->mutex);
@@ -293,8 +295,7 @@ void store::read_map_again() {
 }
 
 void store::wake_map_reader() {
-  const std::int64_t pid = reader_pid_.load(std::memory_order_acquire);
-  if (pid != 0 && pid != ::getpid()) return;  // a forked child: its lock may be held for ever
+  if (::getpid() != owner_pid_) return;  // a forked child: the lock may be held for ever
   {
     const std::lock_guard lock(reader_->mutex);
     reader_->wake = true;
@@ -450,16 +451,16 @@ std::optional<storage_error> store::read_whole_map(const std::atomic<bool>* stop
 }
 
 bool store::start_map_reader(std::int64_t now_ns) {
-  const std::int64_t pid = reader_pid_.load(std::memory_order_acquire);
-  if (pid != 0) return pid == ::getpid();  // a forked child has no reader
+  if (::getpid() != owner_pid_) return false;  // a forked child has no reader, nor its lock
+  if (reader_started_.load(std::memory_order_acquire)) return true;
   if (now_ns < reader_retry_ns_.load(std::memory_order_relaxed)) return false;
   std::optional<std::string> failure;
   {
     const std::lock_guard lock(reader_->mutex);
-    if (reader_pid_.load(std::memory_order_acquire) != 0) return true;  // another request's
+    if (reader_started_.load(std::memory_order_acquire)) return true;  // another request's
     try {
       reader_->thread = std::thread([this] { read_map_every_interval(); });
-      reader_pid_.store(::getpid(), std::memory_order_release);
+      reader_started_.store(true, std::memory_order_release);
     } catch (const std::exception& e) {  // system_error, bad_alloc
       // Found in review: tried again on every request, each taking the lock
       // and logging.

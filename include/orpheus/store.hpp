@@ -278,8 +278,9 @@ class store {
   std::int64_t whole_map_conflict_found_ns_ = 0;  // when the last conflict was found
   std::string whole_map_conflict_text_;           // what it said
   // The map reader (check_whole_map()).
-  std::atomic<bool> read_on_request_{false};      // the next turn's request reads, and waits
-  std::atomic<std::int64_t> reader_pid_{0};       // the process that started it; 0: none
+  std::atomic<bool> read_on_request_{false};  // the next turn's request reads, and waits
+  std::int64_t owner_pid_ = 0;                // the process that made this store
+  std::atomic<bool> reader_started_{false};
   std::atomic<std::int64_t> reader_retry_ns_{0};  // after a thread could not be had
   std::atomic<bool> reader_stop_{false};          // set once, by ~store
   // Its thread and what it waits on, in a block of their own: a forked

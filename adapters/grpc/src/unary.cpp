@@ -2,6 +2,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <grpc/support/time.h>
 
 #include <algorithm>
 #include <cctype>
@@ -373,8 +374,12 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
           // cancelled it, while it waited for a worker still ran when one
           // took it: a charge its client had already been told may not
           // have happened, made with nobody waiting for the answer. Nothing
-          // of it has run; the client already has its own status.
-          if (ctx->IsCancelled() || std::chrono::system_clock::now() >= ctx->deadline()) {
+          // of it has run; the client already has its own status. The
+          // deadline is compared as gRPC keeps it, in its own clock (from
+          // review: deadline() converts it to a system_clock time, which
+          // cannot hold one past the year 2262, and would read as passed).
+          const gpr_timespec deadline = ctx->raw_deadline();
+          if (ctx->IsCancelled() || gpr_time_cmp(gpr_now(deadline.clock_type), deadline) >= 0) {
             return reactor->Finish(status_of(error_info::of(
                 error_class::unavailable, codes::deadline_exceeded,
                 "the call's deadline passed, or it was cancelled, while it waited for a "
