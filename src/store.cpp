@@ -517,37 +517,31 @@ void store::publish_whole_map(std::int64_t started_ns, const std::optional<stora
   bool was_agreed = false;
   {
     const std::lock_guard lock(whole_map_mutex_);
-    was_agreed = publish_locked(started_ns, conflict, every_one_agreed);
+    was_agreed = whole_map_agreed_.load(std::memory_order_relaxed);
+    if (conflict) {
+      // A conflict always speaks, and every shard's own check, which might
+      // have let requests through until its next due time, is due at once
+      // (found in review: a conflict found by one shard's request left the
+      // other shards served for up to an interval).
+      whole_map_conflict_text_ = conflict->info().internal;
+      whole_map_conflict_found_ns_ = steady_ns();
+      whole_map_agreed_.store(false, std::memory_order_release);
+      whole_map_conflict_.store(true, std::memory_order_release);
+      for (std::size_t s = 0; s < shard_count(); ++s) {
+        checks_[s].map_checked_until_ns.store(0, std::memory_order_release);
+      }
+    } else if (started_ns > whole_map_conflict_found_ns_) {
+      // Readings may overlap (one slowed by a shard that does not answer): a
+      // "no conflict" clears a conflict only when it began after that
+      // conflict was found (found in review: an older reading's "no
+      // conflict" overwrote a newer one's conflict).
+      whole_map_conflict_.store(false, std::memory_order_release);
+      if (every_one_agreed) whole_map_agreed_.store(true, std::memory_order_release);
+    }
+    whole_map_checked_.store(true, std::memory_order_release);
   }
   // The reader waits without a timeout while the map agrees.
   if (conflict && was_agreed) wake_map_reader();
-}
-
-bool store::publish_locked(std::int64_t started_ns, const std::optional<storage_error>& conflict,
-                           bool every_one_agreed) {
-  const bool was_agreed = whole_map_agreed_.load(std::memory_order_relaxed);
-  if (conflict) {
-    // A conflict always speaks, and every shard's own check, which might
-    // have let requests through until its next due time, is due at once
-    // (found in review: a conflict found by one shard's request left the
-    // other shards served for up to an interval).
-    whole_map_conflict_text_ = conflict->info().internal;
-    whole_map_conflict_found_ns_ = steady_ns();
-    whole_map_agreed_.store(false, std::memory_order_release);
-    whole_map_conflict_.store(true, std::memory_order_release);
-    for (std::size_t s = 0; s < shard_count(); ++s) {
-      checks_[s].map_checked_until_ns.store(0, std::memory_order_release);
-    }
-  } else if (started_ns > whole_map_conflict_found_ns_) {
-    // Readings may overlap (one slowed by a shard that does not answer): a
-    // "no conflict" clears a conflict only when it began after that
-    // conflict was found (found in review: an older reading's "no
-    // conflict" overwrote a newer one's conflict).
-    whole_map_conflict_.store(false, std::memory_order_release);
-    if (every_one_agreed) whole_map_agreed_.store(true, std::memory_order_release);
-  }
-  whole_map_checked_.store(true, std::memory_order_release);
-  return was_agreed;
 }
 
 store_backend& store::backend_for_records(std::size_t shard) {

@@ -251,9 +251,6 @@ class store {
   /// What a reading of every shard's place (begun at `started_ns`) found.
   void publish_whole_map(std::int64_t started_ns, const std::optional<storage_error>& conflict,
                          bool every_one_agreed);
-  /// The same under whole_map_mutex_; returns whether the map agreed before.
-  bool publish_locked(std::int64_t started_ns, const std::optional<storage_error>& conflict,
-                      bool every_one_agreed);
   /// Reads every shard's recorded place before migrate() or
   /// adopt_shard_map() writes anything (see there).
   void read_every_place(bool adopt);
