@@ -4,10 +4,13 @@
 ORPHEUS_PACKAGES=(build-essential cmake pkg-config libboost-dev libmysqlcppconn-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev libssl-dev
   prometheus-cpp-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  mariadb-server mariadb-client galera-4 rsync)
+  mariadb-server mariadb-client galera-4 rsync ninja-build)
 # scripts/test's lint step (Debian 12: version 14 of both).
 # shellcheck disable=SC2034  # used by scripts/test
 ORPHEUS_LINT_PACKAGES=(clang-format clang-tidy)
+# scripts/fuzz's (libFuzzer comes with clang).
+# shellcheck disable=SC2034  # used by scripts/test and scripts/fuzz
+ORPHEUS_FUZZ_PACKAGES=(clang-14 libfuzzer-14-dev)
 
 # Installs the Debian packages the project needs (or those named), if any is
 # missing.
@@ -62,10 +65,37 @@ free_port() {
   echo "$port"
 }
 
+# cmake configure of the build tree $1 with extra cmake args. A new tree is
+# made with Ninja: on two cores it keeps both busy where Make's per-target
+# order leaves one idle while a library links (the ASan+UBSan build of
+# scripts/test: 568 s with Make, 399 s with Ninja, same sources, measured
+# 2026-11-28). A tree made before keeps its own generator (cmake refuses to
+# change it); remove the tree to have Ninja.
+configure_tree() {
+  local dir=$1 generator=()
+  shift
+  [ -f "$dir/CMakeCache.txt" ] || generator=(-G Ninja)
+  cmake -S "$ROOT" -B "$dir" "${generator[@]}" "$@" >/dev/null
+}
+
+# cmake --build of the tree $1 with extra args, without its progress lines;
+# a compiler's errors and warnings still show. Ninja prints them on its
+# standard output, among its progress, so that cannot be thrown away as it
+# can with Make (whose compilers write to standard error).
+build_quietly() {
+  local dir=$1
+  shift
+  if [ -f "$dir/build.ninja" ]; then
+    cmake --build "$dir" "$@" -- --quiet
+  else
+    cmake --build "$dir" "$@" >/dev/null
+  fi
+}
+
 # cmake configure + build into $1 with extra cmake args.
 build_tree() {
   local dir=$1
   shift
-  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  configure_tree "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
   cmake --build "$dir" -j "$(nproc)"
 }
