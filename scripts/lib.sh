@@ -1,4 +1,5 @@
-# Shared by scripts/test and scripts/demo. Sourced, not run.
+# Shared by the scripts that build or install (scripts/test, demo, fuzz, lint,
+# bench, bench-http, bench-node, chaos). Sourced, not run.
 # shellcheck shell=bash
 
 ORPHEUS_PACKAGES=(build-essential cmake pkg-config libboost-dev libmysqlcppconn-dev
@@ -6,7 +7,7 @@ ORPHEUS_PACKAGES=(build-essential cmake pkg-config libboost-dev libmysqlcppconn-
   prometheus-cpp-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   mariadb-server mariadb-client galera-4 rsync ninja-build)
 # scripts/test's lint step (Debian 12: version 14 of both).
-# shellcheck disable=SC2034  # used by scripts/test
+# shellcheck disable=SC2034  # used by scripts/test and scripts/lint
 ORPHEUS_LINT_PACKAGES=(clang-format clang-tidy)
 # scripts/fuzz's (libFuzzer comes with clang).
 # shellcheck disable=SC2034  # used by scripts/test and scripts/fuzz
