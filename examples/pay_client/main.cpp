@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "../common/flags.hpp"
+#include "orpheus/api_keys.hpp"
 #include "orpheus/client/client.hpp"
 #include "orpheus/client/journal.hpp"
 #include "orpheus/request.hpp"
@@ -106,6 +107,16 @@ int main(int argc, char** argv) {
     f.fail("--currency must be a three-letter code, got '" + currency + "'");
   }
   if (customer.empty() || customer.size() > 64) f.fail("--customer must be 1 to 64 characters");
+  // Sent as a header: what HTTP cannot carry is refused here, before the
+  // journal is written (the client library refuses it too, later). A key
+  // that is not a token68 is one no server's key file holds.
+  if (!api_key.empty() && !orpheus::bearer_token("Bearer " + api_key)) {
+    f.fail("--api-key must be a bearer token: letters, digits and -._~+/, then = padding only");
+  }
+  if (std::any_of(client.begin(), client.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    f.fail("--client must not hold control bytes");
+  }
   std::optional<orpheus::beast::http_endpoint> endpoint;
   try {
     endpoint = orpheus::beast::parse_http_url(server);

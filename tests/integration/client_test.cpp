@@ -285,6 +285,45 @@ TEST(Client, EveryKeyTheClientAcceptsReachesTheServerAsItself) {
   }
 }
 
+// Beast writes a header as it is given: a CR LF in a value ends that header
+// and starts another one the caller never meant to send (pay_client sent
+// its --api-key "k\r\nX: y" so). What HTTP/1.1 cannot carry is refused,
+// naming the header but never its value (an Authorization value is a secret).
+TEST(Client, AHeaderOrTargetHttpCannotCarryIsRefused) {
+  using headers = std::vector<std::pair<std::string, std::string>>;
+  const auto why = [](const std::string& target, const headers& h) -> std::string {
+    try {
+      (void)prepared_request(http::verb::post, target, "{}", h, "k-1");
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string secret = "Bearer s3cret\r\nX-Injected: 1";
+  const auto injected = why("/v1/payments", {{"Authorization", secret}});
+  EXPECT_NE(injected.find("Authorization"), std::string::npos) << injected;
+  EXPECT_EQ(injected.find("s3cret"), std::string::npos) << "the value was quoted: " << injected;
+  for (const auto* value : {"a\nb", "a\rb", "a\x7f", "\x01"}) {
+    EXPECT_NE(why("/", {{"X-A", value}}), "") << value;
+  }
+  EXPECT_NE(why("/", {{"X-A", std::string("a\0b", 3)}}), "") << "NUL";
+  for (const auto* name : {"", "X A", "X:A", "X\r\nY", "X\"A"}) {
+    EXPECT_NE(why("/", {{name, "v"}}), "") << name;
+  }
+  for (const auto* target : {"", "/a b", "/a\r\nX: y", "/\x7f"}) {
+    EXPECT_NE(why(target, {}), "") << target;
+  }
+  // What HTTP allows still goes, as it is: a tab, spaces inside, bytes
+  // above 0x7f (obs-text), the marks of a token, an absolute URL.
+  const headers fine{
+      {"X-Tab", "a\tb"}, {"X-Space", "a b"}, {"X-Latin", "caf\xe9"}, {"X!#$%&'*+-.^_`|~1", "v"}};
+  EXPECT_EQ(why("http://h/p?q=1&r=%20", fine), "");
+  const auto m =
+      prepared_request(http::verb::post, "/p", "{}", fine, "k-1").message("Idempotency-Key");
+  EXPECT_EQ(m["X-Tab"], "a\tb");
+  EXPECT_EQ(m["X-Latin"], "caf\xe9");
+}
+
 TEST(Client, NeverRetriesOther4xxOr501) {
   for (const unsigned status : {400U, 401U, 404U, 422U, 501U}) {
     scripted_server s(std::deque<step>{step(status), step(200)});
@@ -1161,11 +1200,21 @@ TEST(Journal, FlagsThatPayClientRefusesWriteNoEntry) {
       {"--currency", "E1R"},
       {"--customer", ""},
       {"--customer", std::string(65, 'c')},
+      // Sent as headers, and a CR LF would start another header (the
+      // library refuses them too, but after the journal was written).
+      {"--client", "c1\r\nX-Injected: 1"},
+      {"--client", "c1\x7f"},
+      {"--api-key", "sk_test_0123456789abcdef\r\nX-Injected: 1"},
+      {"--api-key", "sk_test_0123456789abcdef\r"},
+      {"--api-key", "sk test 0123456789abcdef"},
   };
   for (const auto& extra : refused) {
     auto argv = pay_client_argv(s.endpoint().port, dir, "order-13/pay", extra);
     if (extra[0] == "--server") {  // in place of the one pay_client_argv gave
       argv.erase(argv.begin() + 1, argv.begin() + 3);
+    }
+    if (extra[0] == "--client" || extra[0] == "--api-key") {  // in place of --client c1
+      argv.erase(argv.begin() + 3, argv.begin() + 5);
     }
     test::child_process refusing(argv);
     EXPECT_EQ(refusing.wait(), 2) << extra[0] << " " << extra[1];

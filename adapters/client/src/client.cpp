@@ -1,7 +1,10 @@
 #include "orpheus/client/client.hpp"
 
+#include <algorithm>
 #include <boost/beast/http.hpp>
+#include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include "orpheus/error.hpp"
@@ -10,6 +13,48 @@
 namespace orpheus::client {
 
 namespace http = boost::beast::http;
+
+namespace {
+
+// RFC 9110 section 5.6.2: a header name is a token.
+bool is_token(std::string_view s) noexcept {
+  constexpr std::string_view marks = "!#$%&'*+-.^_`|~";
+  return !s.empty() && std::all_of(s.begin(), s.end(), [&](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+           marks.find(c) != std::string_view::npos;
+  });
+}
+
+// A byte HTTP/1.1 cannot carry in a header value or a request line: the
+// control bytes (CR and LF among them) and DEL; HTAB only in a value.
+bool is_control(char c, bool tab_allowed) noexcept {
+  const auto b = static_cast<unsigned char>(c);
+  return (b < 0x20 && !(tab_allowed && b == '\t')) || b == 0x7f;
+}
+
+// Why HTTP/1.1 cannot carry the request line or a header as given, or
+// nullopt. Beast writes them as they are: a CR LF in a value ends the
+// header there and starts another (pay_client sent its --api-key
+// "k\r\nX: y" or --client so, and the server answered). Values are never
+// quoted back: an Authorization value is a secret.
+std::optional<std::string> unsendable_reason(
+    std::string_view target, const std::vector<std::pair<std::string, std::string>>& headers) {
+  if (target.empty() || std::any_of(target.begin(), target.end(),
+                                    [](char c) { return c == ' ' || is_control(c, false); })) {
+    return "the request target must be non-empty, without spaces or control bytes";
+  }
+  for (const auto& [name, value] : headers) {
+    if (!is_token(name)) {
+      return "header name \"" + name + "\" is not an HTTP token (RFC 9110 section 5.6.2)";
+    }
+    if (std::any_of(value.begin(), value.end(), [](char c) { return is_control(c, true); })) {
+      return "the value of header " + name + " holds a control byte (CR, LF, NUL, ...)";
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 prepared_request::prepared_request(http::verb method, std::string target, std::string body,
                                    std::vector<std::pair<std::string, std::string>> headers,
@@ -22,6 +67,7 @@ prepared_request::prepared_request(http::verb method, std::string target, std::s
   // The server's rule, not a copy of it: a key refused here is a key the
   // server would refuse (issue 9, fuzzing: " k" reached the server as "k").
   if (auto why = invalid_key_reason(key_)) throw std::invalid_argument(*why);
+  if (auto why = unsendable_reason(target_, headers_)) throw std::invalid_argument(*why);
 }
 
 http_request prepared_request::message(const std::string& key_header) const {

@@ -52,6 +52,11 @@ class prepared_request {
   /// Throws std::invalid_argument, with orpheus::invalid_key_reason()'s text,
   /// when the key breaks the key rule (orpheus/request.hpp): the server's own
   /// rule, so the client refuses exactly the keys the server would refuse.
+  /// Throws it too when HTTP/1.1 cannot carry the target or a header as
+  /// given: an empty target, or one with a space or a control byte; a header
+  /// name that is not a token; a value with a control byte other than HTAB
+  /// (a CR LF would end that header and start another). The message names
+  /// the header, never its value.
   prepared_request(boost::beast::http::verb method, std::string target, std::string body,
                    std::vector<std::pair<std::string, std::string>> headers = {},
                    std::string key = new_idempotency_key());
