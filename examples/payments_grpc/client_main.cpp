@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../common/flags.hpp"
+#include "orpheus/api_keys.hpp"
 #include "orpheus/grpc/unary.hpp"
 #include "orpheus/request.hpp"
 #include "payments.grpc.pb.h"
@@ -52,6 +53,11 @@ int main(int argc, char** argv) {
   f.done();
   if (server.empty() || api_key.empty() || request.amount() <= 0 || attempts < 1) {
     f.fail("--server, --api-key (or ORPHEUS_API_KEY) and --amount are required");
+  }
+  // gRPC 1.51 aborts the process on a metadata value that is not printable
+  // ASCII; a key that is not a token68 is one no server's key file holds.
+  if (!orpheus::bearer_token("Bearer " + api_key)) {
+    f.fail("--api-key must be a bearer token: letters, digits and -._~+/, then = padding only");
   }
   // A proto3 string that is not UTF-8 serialises but does not parse: the
   // server's gRPC refuses it with a bare INTERNAL, which reads as "may have

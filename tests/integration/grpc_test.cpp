@@ -283,6 +283,24 @@ TEST(PaymentsGrpcClient, ACustomerThatIsNotUtf8IsABadFlag) {
   EXPECT_EQ(said.find("attempt 1"), std::string::npos) << "it was sent: " << said;
 }
 
+// An API key with a control byte (a CR left by an env file saved on
+// Windows) went into the authorization metadata, which gRPC 1.51 does not
+// send: it aborted the client. It is a bad flag (exit 2), and nothing is sent.
+TEST(PaymentsGrpcClient, AnApiKeyThatIsNotABearerTokenIsABadFlag) {
+  for (const std::string& bad :
+       {std::string(kKey) + "\r", std::string(kKey) + "\r\nx: y", std::string("k\x01") + "ey"}) {
+    test::child_process client(
+        {ORPHEUS_BINARY_DIR "/examples/payments_grpc_client", "--server", "127.0.0.1:1",
+         "--api-key", bad, "--amount", "100", "--attempts", "1"},
+        true);
+    std::string said;
+    while (const auto line = client.read_line(std::chrono::seconds(30))) said += *line + "\n";
+    EXPECT_EQ(client.wait(), 2) << said;
+    EXPECT_NE(said.find("--api-key must be a bearer token"), std::string::npos) << said;
+    EXPECT_EQ(said.find("attempt 1"), std::string::npos) << "it was sent: " << said;
+  }
+}
+
 TEST(GrpcStatus, ARecordedFinalConflictIsNotRetryableAndDelaysAreBounded) {
   for (const int status : {409, 429}) {
     const auto s = orpheus::grpc::status_of_recorded(orpheus::response{
