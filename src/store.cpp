@@ -243,6 +243,22 @@ void store::migrate_shard(std::size_t shard) {
 void store::adopt_shard_map() {
   read_every_place(true);
   for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s, true);
+  // Read back: one database given under two names (a host name and its
+  // address) took both places, the later one winning, and the adopt said
+  // nothing while every request of one of those shards was refused, naming
+  // another process's map.
+  for (std::size_t s = 0; s < shard_count(); ++s) {
+    const auto recorded = place_in(backend_->read(s, sql_->read_shard_map, {}));
+    if (recorded != place_of(s, shard_count())) {
+      throw config_error(
+          "store: after adopt_shard_map(), the database of shard " + std::to_string(s) +
+          " of this store's " + std::to_string(shard_count()) + " records itself as " +
+          (recorded ? describe(*recorded) : std::string("nothing")) +
+          ": two shards of this store are one database, given under two names (a host name and "
+          "its address, say). Its requests are refused until the store lists each database "
+          "once and adopts that map");
+    }
+  }
 }
 
 void store::read_every_place(bool adopt) {

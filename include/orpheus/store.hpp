@@ -173,7 +173,9 @@ class store {
   /// nothing is written. A server still running with the old map refuses
   /// requests within the recheck interval (recheck_shard_map_every()) on
   /// each shard recorded anew, not on one the new map leaves out; what it
-  /// ran before then, it ran on its old map.
+  /// ran before then, it ran on its old map. Every shard's place is read
+  /// back at the end: config_error when one records another (two shards of
+  /// this store are one database under two names).
   void adopt_shard_map();
   /// How often a shard's recorded map is read again once it was found to
   /// agree (10 s unless set): one read per shard per interval, on the

@@ -744,6 +744,32 @@ TEST(Sharding, AnAdoptedMapIsRecordedAndAStoreOfTheOldOneRefusesAtItsNextCheck) 
   EXPECT_THROW(old_map.recheck_shard_map_every(25h), config_error);
 }
 
+// One database given under two names (127.0.0.1 and 127.1, one address to
+// the resolver) took both places of an adopted map, the later one winning:
+// adopt_shard_map() returned as if it had worked, and every request of
+// shard 0 was then refused, naming another process's map. The adopt reads
+// every place back and says so.
+TEST(Sharding, AnAdoptOntoOneDatabaseUnderTwoNamesIsAConfigurationError) {
+  scratch_databases dbs("orpheus_alias_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_options o = dbs.map({0, 0});
+  ASSERT_EQ(o.shards[1].host, "127.0.0.1") << "the test servers are on loopback";
+  o.shards[1].host = "127.1";
+  mysql_store aliased(o);
+  try {
+    aliased.adopt_shard_map();
+    ADD_FAILURE() << "the adopt onto one database under two names said nothing";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("two shards of this store are one database"),
+              std::string::npos)
+        << e.what();
+  }
+  manager m(aliased);
+  int rpcs = 0;
+  EXPECT_THROW((void)pay(m, key_on(aliased, 0, "alias-"), rpcs), storage_error);
+  EXPECT_EQ(rpcs, 0);
+}
+
 TEST(Sharding, OneDatabaseListedAsTwoShardsIsAConfigurationError) {
   const auto urls = test::mysql_urls();
   ASSERT_FALSE(urls.empty());
