@@ -245,18 +245,19 @@ void store::adopt_shard_map() {
   for (std::size_t s = 0; s < shard_count(); ++s) migrate_shard(s, true);
   // Read back: one database given under two names (a host name and its
   // address) took both places, the later one winning, and the adopt said
-  // nothing while every request of one of those shards was refused, naming
-  // another process's map.
+  // nothing while the store refused every request, naming another
+  // process's map.
   for (std::size_t s = 0; s < shard_count(); ++s) {
     const auto recorded = place_in(backend_->read(s, sql_->read_shard_map, {}));
     if (recorded != place_of(s, shard_count())) {
       throw config_error(
           "store: after adopt_shard_map(), the database of shard " + std::to_string(s) +
-          " of this store's " + std::to_string(shard_count()) + " records itself as " +
-          (recorded ? describe(*recorded) : std::string("nothing")) +
+          " of this store's " + std::to_string(shard_count()) +
+          (recorded ? " records itself as " + describe(*recorded) : std::string(" has no row")) +
           ": two shards of this store are one database, given under two names (a host name and "
-          "its address, say). Its requests are refused until the store lists each database "
-          "once and adopts that map");
+          "its address, say), or another process migrated or adopted a map meanwhile. The "
+          "store refuses requests until its map agrees: list each database once, stop the "
+          "other process, and adopt again");
     }
   }
 }

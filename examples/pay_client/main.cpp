@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   // Sent as a header: what HTTP cannot carry is refused here, before the
   // journal is written (the client library refuses it too, later). A key
   // that is not a token68 is one no server's key file holds.
-  if (!api_key.empty() && !orpheus::bearer_token("Bearer " + api_key)) {
+  if (!api_key.empty() && orpheus::bearer_token("Bearer " + api_key) != api_key) {
     f.fail("--api-key must be a bearer token: letters, digits and -._~+/, then = padding only");
   }
   if (std::any_of(client.begin(), client.end(),

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "../common/flags.hpp"
+#include "orpheus/api_keys.hpp"
 #include "orpheus/beast/client.hpp"
 #include "orpheus/client/client.hpp"
 
@@ -94,6 +95,13 @@ int main(int argc, char** argv) try {
   if (server_url.empty() || bank_url.empty() || api_keys.empty())
     f.fail("--server, --bank and --api-key are required");
   if (payments < 1 || concurrency < 1) f.fail("--payments and --concurrency must be positive");
+  // Sent as a header from the shop's threads, where a key the client library
+  // refuses (a CR, say) would end the process: refused here, as a bad flag.
+  for (const auto& key : api_keys) {
+    if (orpheus::bearer_token("Bearer " + key) != key) {
+      f.fail("--api-key must be a bearer token: letters, digits and -._~+/, then = padding only");
+    }
+  }
   const auto server = orpheus::beast::parse_http_url(server_url);
   const auto bank = orpheus::beast::parse_http_url(bank_url);
 

@@ -55,8 +55,10 @@ int main(int argc, char** argv) {
     f.fail("--server, --api-key (or ORPHEUS_API_KEY) and --amount are required");
   }
   // gRPC 1.51 aborts the process on a metadata value that is not printable
-  // ASCII; a key that is not a token68 is one no server's key file holds.
-  if (!orpheus::bearer_token("Bearer " + api_key)) {
+  // ASCII (a CR, a tab); a key that is not a token68 is one no server's key
+  // file holds. bearer_token() drops white space around the token: the key
+  // must be the token, and nothing else.
+  if (orpheus::bearer_token("Bearer " + api_key) != api_key) {
     f.fail("--api-key must be a bearer token: letters, digits and -._~+/, then = padding only");
   }
   // A proto3 string that is not UTF-8 serialises but does not parse: the

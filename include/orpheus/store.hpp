@@ -175,7 +175,9 @@ class store {
   /// each shard recorded anew, not on one the new map leaves out; what it
   /// ran before then, it ran on its old map. Every shard's place is read
   /// back at the end: config_error when one records another (two shards of
-  /// this store are one database under two names).
+  /// this store are one database under two names, or another process wrote
+  /// a map meanwhile); storage_error when a shard cannot be read then (the
+  /// adopt may have taken: run it again).
   void adopt_shard_map();
   /// How often a shard's recorded map is read again once it was found to
   /// agree (10 s unless set): one read per shard per interval, on the

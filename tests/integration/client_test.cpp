@@ -1224,6 +1224,23 @@ TEST(Journal, FlagsThatPayClientRefusesWriteNoEntry) {
   std::filesystem::remove_all(dir);
 }
 
+// payments_demo built each shop request from --api-key in its worker
+// threads: a key the client library refuses (a CR from an env file) threw
+// there and ended the demo (std::terminate). It is a bad flag: exit 2,
+// nothing sent.
+TEST(PaymentsDemo, AnApiKeyThatIsNotABearerTokenIsABadFlag) {
+  scripted_server s({}, {201});
+  const std::string url = "http://127.0.0.1:" + std::to_string(s.endpoint().port);
+  test::child_process demo({ORPHEUS_BINARY_DIR "/examples/payments_demo", "--server", url, "--bank",
+                            url, "--api-key", "sk_demo_0123456789abcdef\r", "--payments", "1"},
+                           true);
+  std::string said;
+  while (const auto line = demo.read_line(std::chrono::seconds(30))) said += *line + "\n";
+  EXPECT_EQ(demo.wait(), 2) << said;
+  EXPECT_NE(said.find("--api-key must be a bearer token"), std::string::npos) << said;
+  EXPECT_TRUE(s.seen().empty()) << "sent: " << said;
+}
+
 // The journal keeps a key whose answer does not say what became of an
 // earlier attempt (found in review: a 401 after a lost answer completed it,
 // and the next run paid under a new key).

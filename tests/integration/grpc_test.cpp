@@ -288,7 +288,8 @@ TEST(PaymentsGrpcClient, ACustomerThatIsNotUtf8IsABadFlag) {
 // send: it aborted the client. It is a bad flag (exit 2), and nothing is sent.
 TEST(PaymentsGrpcClient, AnApiKeyThatIsNotABearerTokenIsABadFlag) {
   for (const std::string& bad :
-       {std::string(kKey) + "\r", std::string(kKey) + "\r\nx: y", std::string("k\x01") + "ey"}) {
+       {std::string(kKey) + "\r", std::string(kKey) + "\r\nx: y", std::string("k\x01") + "ey",
+        std::string(kKey) + "\t", "\t" + std::string(kKey), std::string(kKey) + " "}) {
     test::child_process client(
         {ORPHEUS_BINARY_DIR "/examples/payments_grpc_client", "--server", "127.0.0.1:1",
          "--api-key", bad, "--amount", "100", "--attempts", "1"},

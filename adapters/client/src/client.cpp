@@ -45,7 +45,12 @@ std::optional<std::string> unsendable_reason(
   }
   for (const auto& [name, value] : headers) {
     if (!is_token(name)) {
-      return "header name \"" + name + "\" is not an HTTP token (RFC 9110 section 5.6.2)";
+      // Named only when it is printable: a CR LF in it would forge a line
+      // of whatever log the message goes to.
+      const bool printable =
+          std::none_of(name.begin(), name.end(), [](char c) { return is_control(c, false); });
+      return (printable ? "header name \"" + name + "\"" : std::string("a header name")) +
+             " is not an HTTP token (RFC 9110 section 5.6.2)";
     }
     if (std::any_of(value.begin(), value.end(), [](char c) { return is_control(c, true); })) {
       return "the value of header " + name + " holds a control byte (CR, LF, NUL, ...)";
@@ -187,7 +192,9 @@ idempotent_client::idempotent_client(http_endpoint server, client_options option
     : server_(std::move(server)), options_(std::move(options)) {
   validate(options_.policy);
   if (!options_.budget) throw config_error("client_options: no retry budget");
-  if (options_.key_header.empty()) throw config_error("client_options: empty key header");
+  if (!is_token(options_.key_header)) {
+    throw config_error("client_options: the key header's name must be an HTTP token, non-empty");
+  }
   if (!options_.http) options_.http = std::make_shared<beast::http_client>();
 }
 

@@ -190,7 +190,8 @@ class retry_loop {
 class idempotent_client {
  public:
   /// Throws orpheus::config_error on a bad policy (validate()), a missing
-  /// budget or an empty key header.
+  /// budget or a key header name that is not an HTTP token (an empty one
+  /// among them).
   explicit idempotent_client(http_endpoint server, client_options options = {});
 
   /// Sends until a final answer or a stop; see call_result.
