@@ -271,16 +271,31 @@ TEST(PaymentsGrpcServer, BadFlagsExitTwoAndWriteNothing) {
 // the client read as "may have run" and retried until it gave up unsettled
 // (exit 3). It is a bad flag (exit 2), and nothing is sent: the server given
 // here does not exist, so a send would end in UNAVAILABLE and exit 3.
-TEST(PaymentsGrpcClient, ACustomerThatIsNotUtf8IsABadFlag) {
-  test::child_process client(
-      {ORPHEUS_BINARY_DIR "/examples/payments_grpc_client", "--server", "127.0.0.1:1", "--api-key",
-       kKey, "--amount", "100", "--customer", "caf\xe9", "--attempts", "1"},
-      true);
+// The example client run with `flags` against a server that does not exist
+// (a send would end in UNAVAILABLE, exit 3): it must refuse them as bad
+// flags (exit 2), saying `why`, and send nothing.
+void expect_bad_client_flags(const std::string& api_key, const std::vector<std::string>& flags,
+                             const std::string& why) {
+  std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_grpc_client",
+                                "--server",
+                                "127.0.0.1:1",
+                                "--api-key",
+                                api_key,
+                                "--amount",
+                                "100",
+                                "--attempts",
+                                "1"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  test::child_process client(argv, true);
   std::string said;
   while (const auto line = client.read_line(std::chrono::seconds(30))) said += *line + "\n";
   EXPECT_EQ(client.wait(), 2) << said;
-  EXPECT_NE(said.find("must be UTF-8 text"), std::string::npos) << said;
+  EXPECT_NE(said.find(why), std::string::npos) << said;
   EXPECT_EQ(said.find("attempt 1"), std::string::npos) << "it was sent: " << said;
+}
+
+TEST(PaymentsGrpcClient, ACustomerThatIsNotUtf8IsABadFlag) {
+  expect_bad_client_flags(kKey, {"--customer", "caf\xe9"}, "must be UTF-8 text");
 }
 
 // An API key with a control byte (a CR left by an env file saved on
@@ -290,15 +305,8 @@ TEST(PaymentsGrpcClient, AnApiKeyThatIsNotABearerTokenIsABadFlag) {
   for (const std::string& bad :
        {std::string(kKey) + "\r", std::string(kKey) + "\r\nx: y", std::string("k\x01") + "ey",
         std::string(kKey) + "\t", "\t" + std::string(kKey), std::string(kKey) + " "}) {
-    test::child_process client(
-        {ORPHEUS_BINARY_DIR "/examples/payments_grpc_client", "--server", "127.0.0.1:1",
-         "--api-key", bad, "--amount", "100", "--attempts", "1"},
-        true);
-    std::string said;
-    while (const auto line = client.read_line(std::chrono::seconds(30))) said += *line + "\n";
-    EXPECT_EQ(client.wait(), 2) << said;
-    EXPECT_NE(said.find("--api-key must be a bearer token"), std::string::npos) << said;
-    EXPECT_EQ(said.find("attempt 1"), std::string::npos) << "it was sent: " << said;
+    SCOPED_TRACE(bad);
+    expect_bad_client_flags(bad, {}, "--api-key must be a bearer token");
   }
 }
 
