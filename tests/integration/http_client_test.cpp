@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -16,9 +17,11 @@
 #include <boost/beast/http.hpp>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -242,6 +245,76 @@ TEST(HttpClient, ReusesAConnectionForSequentialCalls) {
 
 // A pooled connection outlives the deadline of the call that used it last;
 // that expired deadline must not end (or close) the next call on it.
+// This process's sockets connected to `port` on loopback: the client's ends
+// of its connections to a scripted_server.
+std::vector<int> sockets_connected_to(unsigned short port) {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(e.path().filename().string());
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0 &&  // NOLINT
+        peer.sin_family == AF_INET && ntohs(peer.sin_port) == port) {
+      out.push_back(fd);
+    }
+  }
+  return out;
+}
+
+// The descriptors that some epoll instance of this process watches (the
+// "tfd:" lines of each one's /proc/self/fdinfo).
+std::vector<int> watched_by_epoll() {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string() != "anon_inode:[eventpoll]") continue;
+    std::ifstream info("/proc/self/fdinfo/" + e.path().filename().string());
+    for (std::string word; info >> word;) {
+      int fd = -1;
+      if (word == "tfd:" && info >> fd) out.push_back(fd);
+    }
+  }
+  return out;
+}
+
+// Found measuring issue 8: Asio's reactor watched every pooled socket, edge
+// triggered, so the client's io thread woke for each answer that came in and
+// each acknowledgement of a request that went out on a connection send() was
+// using on its caller's thread: about half a context switch per payment on
+// the payments server's bank client, for nothing. A pooled connection is now
+// out of Asio while idle or used on a caller's thread, and goes back in when
+// the io thread uses it.
+TEST(HttpClient, AnIdleConnectionIsWatchedByNoThreadAndServesBothPaths) {
+  scripted_server s([](int) { return act::answer; });
+  http_client c;
+  // The first call opens the connection on the io thread; the next ones
+  // reuse it on this thread.
+  for (int i = 1; i <= 3; ++i)
+    EXPECT_EQ(c.send(s.endpoint(), get(), guard).body(), std::to_string(i));
+  auto mine = sockets_connected_to(s.endpoint().port);
+  ASSERT_EQ(mine.size(), 1U);
+  const auto before = watched_by_epoll();
+  ASSERT_FALSE(before.empty()) << "no epoll set seen: the check would prove nothing";
+  EXPECT_EQ(std::count(before.begin(), before.end(), mine[0]), 0)
+      << "the idle connection's socket is still in an epoll set";
+
+  // async_send() takes it back into Asio on the io thread, and gives it
+  // back out after: the same connection all along.
+  std::promise<http_result> done;
+  c.async_send(s.endpoint(), get(), guard, [&](http_result r) { done.set_value(std::move(r)); });
+  auto answer = done.get_future();
+  ASSERT_EQ(answer.wait_for(guard), std::future_status::ready);
+  const http_result r = answer.get();
+  ASSERT_FALSE(r.error.has_value()) << r.error->what();
+  EXPECT_EQ(r.response->body(), "4");
+  EXPECT_EQ(c.send(s.endpoint(), get(), guard).body(), "5");
+  EXPECT_EQ(s.accepted(), 1);
+  mine = sockets_connected_to(s.endpoint().port);
+  ASSERT_EQ(mine.size(), 1U);
+  const auto watched = watched_by_epoll();
+  EXPECT_EQ(std::count(watched.begin(), watched.end(), mine[0]), 0);
+}
+
 TEST(HttpClient, ReusesAConnectionPastThePreviousCallsDeadline) {
   scripted_server s([](int) { return act::answer; });
   http_client c;

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -100,12 +101,70 @@ namespace {
 
 // An open connection to one endpoint: used by one call at a time, on the io
 // thread or (send() on an idle one) on the caller's thread.
+// A pooled connection's socket is out of Asio while it is idle or used by
+// send() on a caller's thread (parked_fd), and in the stream while the io
+// thread uses it. Asio's reactor watches every socket it holds, edge
+// triggered, for input and (once it has waited to write, as a connect does)
+// output: a socket in it woke the io thread for every answer that came in
+// and every acknowledgement of a request that went out, on calls the io
+// thread had no part in (issue 8: half a context switch per payment on the
+// bank's client, measured with scripts/bench-http). Only the io thread moves
+// a socket in or out (park(), unpark()).
 struct connection {
   explicit connection(net::io_context& ioc) : stream(ioc) {}
+  ~connection() {
+    if (parked_fd >= 0) ::close(parked_fd);
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+
   boost::beast::tcp_stream stream;
   boost::beast::flat_buffer buffer;
   steady::time_point idle_since;  // when it went back to the pool
   bool on_caller_thread = false;  // under pool_m: a send() is using it on its own thread
+  tcp protocol = tcp::v4();       // of the connected socket, for unpark()
+  int parked_fd = -1;             // the socket while out of Asio; -1 while in the stream
+
+  /// The socket, wherever it is (-1 once closed).
+  [[nodiscard]] int fd() { return parked_fd >= 0 ? parked_fd : stream.socket().native_handle(); }
+  /// On the io thread, with nothing pending on the stream: takes the socket
+  /// out of Asio. False when it could not (the socket is then closed).
+  bool park() noexcept {
+    if (parked_fd >= 0) return true;
+    error_code ec;
+    const int fd = stream.socket().release(ec);
+    if (ec) {
+      stream.socket().close(ec);
+      return false;
+    }
+    parked_fd = fd;
+    return true;
+  }
+  /// On the io thread: the socket back into the stream. False when it could
+  /// not (the socket is then closed).
+  bool unpark() noexcept {
+    if (parked_fd < 0) return stream.socket().is_open();
+    error_code ec;
+    stream.socket().assign(protocol, parked_fd, ec);
+    if (ec) ::close(parked_fd);
+    parked_fd = -1;
+    return !ec;
+  }
+  /// Closes the socket, wherever it is; the stream's timer is left alone
+  /// (stream.close() on the io thread cancels it).
+  void close_socket() noexcept {
+    if (parked_fd >= 0) {
+      ::close(parked_fd);
+      parked_fd = -1;
+    }
+    error_code ignored;
+    stream.socket().close(ignored);
+  }
+  /// On the io thread: the socket and the stream's timer.
+  void close() noexcept {
+    close_socket();
+    stream.close();
+  }
 };
 using connection_ptr = std::shared_ptr<connection>;
 
@@ -160,7 +219,7 @@ transport_error shutting_down(const std::string& where) {
 bool still_open(connection& c) {
   for (;;) {
     char byte = 0;
-    const auto n = ::recv(c.stream.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    const auto n = ::recv(c.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
   }
@@ -508,8 +567,7 @@ connection_ptr http_client::impl::take_idle(endpoint_pool& pool,
     pool.idle.pop_back();
     if (now - c->idle_since < options.idle_timeout && still_open(*c)) return c;
     live.erase(c.get());
-    error_code ignored;
-    c->stream.socket().close(ignored);  // before its slot is free (the limit)
+    c->close_socket();  // before its slot is free (the limit)
     --pool.open;
     closing.push_back(std::move(c));
   }
@@ -520,8 +578,7 @@ void http_client::impl::close_on_io_thread(const connection_ptr& c) noexcept {
   // The socket now, so that the slot it leaves is not reused while it is
   // still open (nothing else uses it: it is off the pool). The stream's
   // timer (no wait pending on it) is cancelled on the io thread.
-  error_code ignored;
-  c->stream.socket().close(ignored);
+  c->close_socket();
   try {
     net::post(ioc, [c] { c->stream.close(); });
   } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory; the socket is closed
@@ -538,8 +595,17 @@ net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
     if (reuse) {
       std::vector<connection_ptr> closing;
       auto c = take_idle(pool, closing);
-      for (const auto& gone : closing) gone->stream.close();  // on the io thread: now
-      if (c) co_return c;
+      for (const auto& gone : closing) gone->close();  // on the io thread: now
+      if (c) {
+        // Back into Asio; one that cannot be is closed, and a new one is
+        // opened in its slot.
+        if (!c->unpark()) {
+          live.erase(c.get());
+          c->close();
+          c.reset();
+        }
+        co_return c;
+      }
     }
     if (pool.open < options.max_connections_per_endpoint) {
       ++pool.open;
@@ -551,7 +617,7 @@ net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
       const connection_ptr oldest = std::move(pool.idle.front());
       pool.idle.pop_front();
       live.erase(oldest.get());
-      oldest->stream.close();
+      oldest->close();
       co_return nullptr;
     }
     // At the limit: wait in line for a connection or a slot given back.
@@ -565,7 +631,7 @@ net::awaitable<connection_ptr> http_client::impl::acquire(endpoint_pool& pool,
   if (w->granted) {
     if (w->conn && (!reuse || !still_open(*w->conn))) {
       live.erase(w->conn.get());
-      w->conn->stream.close();
+      w->conn->close();
       w->conn.reset();  // keep the slot: open a new connection in it
     }
     co_return std::move(w->conn);
@@ -620,11 +686,13 @@ net::awaitable<connection_ptr> http_client::impl::open(const http_endpoint& to,
   }
   c->stream.expires_at(deadline);
   ec = {};
-  co_await c->stream.async_connect(addresses, net::redirect_error(net::use_awaitable, ec));
+  const tcp::endpoint connected =
+      co_await c->stream.async_connect(addresses, net::redirect_error(net::use_awaitable, ec));
   if (ec) {
     close(*c);
     throw failure(where, stage::connect, ec);
   }
+  c->protocol = connected.protocol();
   c->stream.socket().set_option(tcp::no_delay(true), ec);  // one small request, one answer
   // Asio opens sockets without SOCK_CLOEXEC: a kept-alive connection
   // inherited by a spawned process would outlive our close() there.
@@ -639,10 +707,23 @@ void http_client::impl::give_back(endpoint_pool& pool, connection_ptr c) {
   if (!pool.waiters.empty()) {
     auto w = std::move(pool.waiters.front());
     pool.waiters.pop_front();
+    // The waiter runs on this thread, on the stream (one given back by a
+    // send() on a caller's thread comes parked). One that cannot go back
+    // into Asio is closed: the waiter opens a new one in its slot.
+    if (c && !c->unpark()) {
+      live.erase(c.get());
+      c->close();
+      c.reset();
+    }
     w->granted = true;
     w->conn = std::move(c);
     w->timer.cancel();
     return;
+  }
+  if (c && !c->park()) {  // closed: its slot is free
+    live.erase(c.get());
+    c->close();
+    c.reset();
   }
   if (!c) {
     --pool.open;
@@ -682,7 +763,7 @@ void http_client::impl::close(connection& c) {
     const std::lock_guard lock(pool_m);
     live.erase(&c);
   }
-  c.stream.close();  // what is pending on it completes with operation_aborted
+  c.close();  // what is pending on it completes with operation_aborted
 }
 
 void http_client::impl::sweep() {
@@ -695,7 +776,7 @@ void http_client::impl::sweep() {
       std::erase_if(pool.idle, [&](const connection_ptr& c) {
         if (now - c->idle_since < options.idle_timeout) return false;
         live.erase(c.get());
-        c->stream.close();
+        c->close();
         --pool.open;
         return true;
       });
@@ -718,9 +799,9 @@ void http_client::impl::shutdown() {
     if (c->on_caller_thread) {
       // Its caller is in poll() or recv() on it: wake it (EOF), and let it
       // close the socket itself, so that no descriptor is closed under it.
-      ::shutdown(c->stream.socket().native_handle(), SHUT_RDWR);
+      ::shutdown(c->fd(), SHUT_RDWR);
     } else {
-      c->stream.close();  // what is pending on it completes with operation_aborted
+      c->close();  // what is pending on it completes with operation_aborted
     }
   }
   std::erase_if(live, [](connection* c) { return !c->on_caller_thread; });
@@ -779,7 +860,7 @@ std::optional<http_response> http_client::impl::send_here(const http_endpoint& t
   connection& conn = *in_use.c;
 
   const std::string where = "http://" + host_port;
-  deadline_socket io(conn.stream.socket().native_handle(), deadline);
+  deadline_socket io(conn.fd(), deadline);  // parked: idle connections are
   // 3. The request. Beast's synchronous write fails only before the whole
   //    request is with the kernel (rule 2: the io thread sends it again on a
   //    new connection); shutdown() ends it the same way (nothing complete

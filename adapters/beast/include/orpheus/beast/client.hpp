@@ -29,7 +29,10 @@
 // core, handing each call to the io thread and back cost two context
 // switches. Opening a connection, waiting for one, async_send() and a
 // request sent again (below) go through the io thread. The rules are the
-// same on both paths.
+// same on both paths. An idle connection is not watched by the io thread
+// either: its socket leaves Asio when it goes back to the pool and returns
+// only when the io thread uses it, so traffic on the callers' threads never
+// wakes the io thread.
 //
 // One deadline per call covers waiting for a connection, the host name
 // lookup (skipped for numeric addresses; names are cached for
