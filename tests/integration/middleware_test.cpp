@@ -155,6 +155,18 @@ TEST_F(Middleware, AKeySentTwiceOrAsAListIsRefusedAndRunsNothing) {
   EXPECT_EQ(quoted["Idempotency-Key"], R"("a,b")");
   EXPECT_EQ(call(mw, post(R"("a,b")", R"({"a":1})"), &rpc)["Idempotent-Replayed"], "true");
   EXPECT_EQ(rpc, 2);
+
+  // Found in review: two fields that join into one quoted key. '"a' and
+  // 'b"' joined with ", " read as the key 'a, b', a new key for a retry of
+  // '"a,b"' split by something on the way: a second charge. Two fields are
+  // two keys, whatever they hold (as the gRPC adapter counts its metadata).
+  auto split = post(R"("a)", R"({"a":1})");
+  split.insert("Idempotency-Key", R"(b")");
+  const auto r = call(mw, split, &rpc);
+  EXPECT_EQ(r.result_int(), 400U) << r.body();
+  EXPECT_NE(r.body().find("invalid_key"), std::string::npos) << r.body();
+  EXPECT_TRUE(r["Idempotency-Key"].empty()) << "a refused key is never echoed";
+  EXPECT_EQ(rpc, 2) << "nothing ran again";
 }
 
 // Found in review: a recorded 204 with a body made Beast's prepare_payload()

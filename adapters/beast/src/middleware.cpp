@@ -223,7 +223,18 @@ std::string middleware::canonical_request(const http_request& req,
 // The core decides (orpheus/identify.hpp); this only reads the Beast request
 // and writes the refusal as an HTTP answer (never echoing a refused key).
 std::variant<request_id, http_response> middleware::identify(const http_request& req) const {
-  // Every field of the key's name: the core refuses a list.
+  // Two fields are two keys, whatever they hold, as in the gRPC adapter
+  // (found in review: '"ab' and 'cd"', joined, read as the one quoted key
+  // 'ab, cd', a new key for a retry of '"ab,cd"': a second charge). A list
+  // in one field (a proxy joined them) is the core's to refuse.
+  const boost::beast::string_view key_name(options_.key_header.data(), options_.key_header.size());
+  if (req.count(key_name) > 1) {
+    return error_response(
+        error_info::of(error_class::invalid_input, codes::invalid_key,
+                       options_.key_header +
+                           " holds more than one value (the header was sent twice): send one key"),
+        {});
+  }
   const std::optional<std::string> key_value = joined_field(req, options_.key_header);
   const identify_options rules{
       options_.key_header,
