@@ -1209,6 +1209,23 @@ response manager::run_flow(flow_run& f) {
       f.progress.failed_step = s.name;
       return compensate_and_fail(f, &a, failure);
     }
+    // Past the pivot a failure of unknown cause (class internal: what the
+    // step threw and did not classify, under the default
+    // config::unclassified) may have come after its call went out: a reset
+    // after sending, an answer that did not parse. It is held in doubt like
+    // a timeout, so that the next attempt neither overlaps the call nor,
+    // within the in-doubt window, believes a "never received" (found in
+    // review: it was released at once, and a completer sent the step again
+    // a second later, to a bank that does not deduplicate). Up to the pivot
+    // it sent the request backwards above, and failed it: stuck, not paid
+    // twice.
+    if (failure->kind == error_class::internal) {
+      failure = error_info::of(error_class::in_doubt, codes::step_failed_after_pivot,
+                               "the request is past its point of no return and a later step "
+                               "failed with an unknown outcome; it will be finished, retry "
+                               "later with the same key")
+                    .with_internal(reason_of(*failure));
+    }
     // Safe to retry; or past the pivot, where the request only goes forward:
     // it stays retryable (a completer or the client tries again, and a
     // person decides once it runs out of attempts).

@@ -366,6 +366,69 @@ TEST_P(Steps, AfterThePivotTheRequestOnlyGoesForward) {
       << "nothing may be undone after the pivot";
 }
 
+// Found in review: past the pivot, what a step threw and did not classify (a
+// reset after its request went out, an answer that did not parse) released
+// the key at once, with no in-doubt window. The next attempt, a second
+// later, sent the step again, and a bank that does not deduplicate (whose
+// "never received" is the first call still in flight) acted twice. It is
+// held in doubt now, like a timeout: the key to the attempt's deadline, the
+// record marked, and the next attempt told how long an earlier call may
+// still land.
+TEST_P(Steps, AnUnclassifiedFailureAfterThePivotIsHeldInDoubt) {
+  manager m(*store_, quick());
+  fake_bank bank;
+  std::vector<std::chrono::steady_clock::duration> may_land_for;  // per payout attempt
+  // capture is the pivot: payout comes after it.
+  const steps<order> f = [&] {
+    steps<order> g;
+    for (const std::string name : {"authorise", "capture"}) {
+      auto s = g.step(name, [&bank, name](const attempt& a, const order&, const step_results&) {
+        return bank.call(name, a);
+      });
+      if (name == "capture") s.pivot();
+    }
+    g.step("payout", [&](const attempt& a, const order&, const step_results&) {
+      may_land_for.push_back(a.earlier_may_land_until() - std::chrono::steady_clock::now());
+      auto r = bank.call("payout", a);
+      if (a.number() == 1) throw std::runtime_error("connection reset after the request went out");
+      return r;
+    });
+    g.respond([](tx&, const attempt&, const order&, const step_results&) {
+      return response{201, {}, "paid"};
+    });
+    return g;
+  }();
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "payout threw: the first attempt must fail";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::step_failed_after_pivot);
+    EXPECT_TRUE(e.in_doubt()) << e.what();
+    ASSERT_TRUE(e.retry_after().has_value());
+    EXPECT_GT(*e.retry_after(), 0ms);
+  }
+  const auto held = store_->inspect(id("k1"));
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->state, record_state::in_progress) << "the key is held, not released";
+  EXPECT_GT(held->in_doubt_until_us, held->db_now_us) << "an earlier call may still land";
+  // At once: the key is held to the attempt's deadline; payout is not sent.
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "the key is held";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), codes::in_progress) << e.what();
+  }
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "payout#1"}));
+  // Once the hold is over, the next attempt runs payout knowing that the
+  // first call may still land (a step asks the bank first, and believes no
+  // "never received" before then).
+  std::this_thread::sleep_for(quick().lease);
+  EXPECT_EQ(run(m, id("k1"), f).status, 201);
+  EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "payout#1", "payout#2"}));
+  ASSERT_EQ(may_land_for.size(), 2U);
+  EXPECT_GT(may_land_for[1], std::chrono::seconds(60)) << "the in-doubt window (5 min)";
+}
+
 TEST_P(Steps, ACompensationThatFailsSafelyIsResumedNotTheSteps) {
   manager m(*store_, quick());
   fake_bank bank;
@@ -850,14 +913,18 @@ TEST_P(Steps, TheFlowsUnclassifiedPolicyWinsOverTheManagers) {
       ADD_FAILURE() << "the first notify throws";
     } catch (const error& e) {
       // After the pivot a failure for good goes forward too, but is told
-      // as step_failed_after_pivot; a retryable one keeps its own class.
+      // as step_failed_after_pivot, and, its cause unknown, held in doubt
+      // (AnUnclassifiedFailureAfterThePivotIsHeldInDoubt); a retryable one
+      // keeps its own class and is released at once.
       if (flow_retries) {
         EXPECT_EQ(e.code(), codes::unclassified) << e.what();
       } else {
         EXPECT_EQ(e.code(), codes::step_failed_after_pivot) << e.what();
+        EXPECT_TRUE(e.in_doubt()) << e.what();
       }
       EXPECT_TRUE(e.retryable());
     }
+    if (!flow_retries) std::this_thread::sleep_for(quick().lease);  // the hold
     EXPECT_EQ(run(m, rid, f).status, 201);
   }
 }
