@@ -1191,6 +1191,52 @@ TEST_F(Middleware, UnkeyedRequestsAreRecordedForNoTime) {
   EXPECT_EQ(purged, 1U) << "the unkeyed request's record is kept past its use";
 }
 
+// Found in review: with keys optional on POST (key_required_on without it),
+// an unkeyed POST whose downstream call timed out was answered "retryable,
+// retry with the same key", a key its client never had: the retry ran under
+// a new key and new downstream keys, and charged again. A request without a
+// key, by a method HTTP does not call idempotent, is told not to send it
+// again as it is; a PUT keeps the advice (HTTP lets a client resend it).
+TEST_F(Middleware, AnUnkeyedPostThatMayHaveRunIsNotToldToRetry) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 4);
+  middleware_options o;
+  o.scope = [](const http_request&) -> std::optional<std::string> { return "c1"; };
+  o.key_required_on = {};
+  middleware mw(*m_, pool, std::move(o));
+  int rpc = 0;
+  const auto timed_out = [&](http::verb method) {
+    auto req = post("", "{}");
+    req.method(method);
+    std::promise<http_response> answer;
+    mw.handle(
+        std::move(req), [&](http_response r) { answer.set_value(std::move(r)); },
+        [](tx&, const http_request&) { return 0; },
+        [&](const attempt&, int) -> int {
+          ++rpc;
+          throw error(error_info::of(error_class::in_doubt, codes::downstream_timeout,
+                                     "the bank did not answer"));
+        },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {}, "paid"};
+        });
+    return answer.get_future().get();
+  };
+  const auto unkeyed_post = timed_out(http::verb::post);
+  EXPECT_GE(unkeyed_post.result_int(), 500U) << unkeyed_post.body();
+  const auto body = nlohmann::json::parse(unkeyed_post.body());
+  EXPECT_EQ(body["retryable"], false) << unkeyed_post.body();
+  EXPECT_EQ(body["code"], codes::downstream_timeout);
+  EXPECT_NE(body["detail"].get<std::string>().find("without an Idempotency-Key"),
+            std::string::npos);
+  EXPECT_TRUE(unkeyed_post[http::field::retry_after].empty());
+  EXPECT_TRUE(unkeyed_post["Idempotency-Key"].empty()) << "the made-up key is not shown";
+
+  const auto unkeyed_put = timed_out(http::verb::put);
+  EXPECT_EQ(nlohmann::json::parse(unkeyed_put.body())["retryable"], true) << unkeyed_put.body();
+  EXPECT_EQ(rpc, 2);
+}
+
 // Issue 7, defect 14(b): made-up keys are 128 bits from the OS, not a
 // thread_local mt19937_64 seeded once (predictable, and repeated after fork).
 TEST_F(Middleware, UnkeyedRequestsGetA128BitRandomKey) {

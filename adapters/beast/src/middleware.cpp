@@ -48,6 +48,28 @@ std::optional<std::string> joined_field(const http_request& req, std::string_vie
   return value;
 }
 
+// RFC 9110, section 9.2.2: a client may send these again on its own.
+bool idempotent_by_http(http::verb v) {
+  return v == http::verb::get || v == http::verb::head || v == http::verb::options ||
+         v == http::verb::trace || v == http::verb::put || v == http::verb::delete_;
+}
+
+// What a request sent without a key (where none is required) is told when
+// process() failed in a way a keyed one would retry. Its key was made up
+// and never sent back, so "retry with the same key" cannot be followed: a
+// retry is a new request under a new key and new downstream keys, and the
+// first may have run (found in review: with keys optional on POST, a
+// downstream timeout was answered "retryable", and the retry charged
+// again). Same status and code; not retryable, and it says why.
+error_info unkeyed_retry_refused(const error_info& e) {
+  return error_info::of(error_class::internal, e.code,
+                        "this request was sent without an Idempotency-Key and may have been "
+                        "carried out; sending it again may carry it out twice. Send requests "
+                        "with an Idempotency-Key to retry them safely")
+      .with_http_status(http_status_of(e))
+      .with_internal(e.internal);
+}
+
 // The request as the core's identify() and canonical_request() read it.
 request_text text_of(const http_request& req, const std::vector<std::string>& headers) {
   request_text t{sv(req.method_string()),
@@ -334,6 +356,9 @@ void middleware::try_once(const std::shared_ptr<pending>& p) {
     const error_info& e = out.error();
     if (e.code == codes::in_progress && wait_again(p, e.retry_after)) return;
     log_internal(e, "scope=" + p->id.scope + " key=" + p->id.key);
+    if (!p->key_sent && e.retryable() && !idempotent_by_http(p->req.method())) {
+      return finish(*p, error_response(unkeyed_retry_refused(e), shown_key));
+    }
     return finish(*p, error_response(e, shown_key));
   }
   const response& r = out.value();
