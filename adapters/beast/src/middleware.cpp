@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/api_keys.hpp"
+#include "orpheus/beast/server.hpp"
 #include "orpheus/detail/ascii.hpp"
 #include "orpheus/detail/records.hpp"
 #include "orpheus/identify.hpp"
@@ -336,10 +337,40 @@ void middleware::start(const std::shared_ptr<pending>& p) {
   }
 }
 
+// Found in review: what run_once() threw outside its own guards (an answer,
+// or the timer of a wait, that could not be allocated) went to the pool,
+// which swallows it, and the request was never answered: its connection
+// waited for ever and kept its slot. It is answered as a failure of unknown
+// cause: retryable with the key, whose record decides what a retry gets
+// (unkeyed, as unkeyed_retry_refused() says). Never a second answer; when
+// even that cannot be built, the connection is dropped.
+void middleware::try_once(const std::shared_ptr<pending>& p) {
+  try {
+    run_once(p);
+  } catch (...) {
+    if (p->answered) return;
+    try {
+      error_info info = classify(std::current_exception(), unclassified_policy::retryable);
+      log_internal(info, "scope=" + p->id.scope + " key=" + p->id.key);
+      if (!p->key_sent && !idempotent_by_http(p->req.method())) {
+        info = unkeyed_retry_refused(info);
+      }
+      finish(*p, error_response(info, p->key_sent ? p->id.key : std::string()));
+    } catch (...) {
+      if (p->answered) return;
+      p->answered = true;
+      try {
+        p->respond(drop_connection());
+      } catch (...) {  // NOLINT(bugprone-empty-catch): nothing is left to answer with
+      }
+    }
+  }
+}
+
 // One try of process(), on a pool thread. It never waits inside process():
 // issue 7, defect 14(c), the manager's wait loop slept on the pool thread,
 // so a few waiters on one held key starved every other request.
-void middleware::try_once(const std::shared_ptr<pending>& p) {
+void middleware::run_once(const std::shared_ptr<pending>& p) {
   process_options o = options_.wait;
   o.wait_for = std::chrono::milliseconds(0);
   // A made-up key can never be sent again: nobody can replay its record.
@@ -461,8 +492,9 @@ bool middleware::wait_again(const std::shared_ptr<pending>& p,
       });
 }
 
-void middleware::finish(const pending& p, http_response res) const {
+void middleware::finish(pending& p, http_response res) const {
   notify_observer(p.req, res, p.started);
+  p.answered = true;
   p.respond(std::move(res));
 }
 

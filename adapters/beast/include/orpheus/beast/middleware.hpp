@@ -193,6 +193,7 @@ class middleware {
     std::chrono::steady_clock::time_point started;
     std::chrono::steady_clock::time_point wait_until;
     std::chrono::milliseconds poll{5};
+    bool answered = false;  ///< finish() has handed its answer to `respond`
     std::function<outcome<response>(const request_id&, const http_request&, const process_options&)>
         run;
   };
@@ -200,10 +201,12 @@ class middleware {
   /// (refused by identify(): 400, 401).
   std::shared_ptr<pending> admit(http_request&& req, const responder& respond);
   void start(const std::shared_ptr<pending>& p);
+  /// One try, on a pool thread; never throws, and answers whatever happens.
   void try_once(const std::shared_ptr<pending>& p);
+  void run_once(const std::shared_ptr<pending>& p);
   bool wait_again(const std::shared_ptr<pending>& p,
                   std::optional<std::chrono::milliseconds> retry_after);
-  void finish(const pending& p, http_response res) const;
+  void finish(pending& p, http_response res) const;
   void notify_observer(const http_request& req, const http_response& res,
                        std::chrono::steady_clock::time_point started) const noexcept;
   void log_internal(const error_info& e, std::string_view about) const;
