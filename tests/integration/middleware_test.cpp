@@ -32,7 +32,10 @@
 #include "support/backends.hpp"
 
 // The next this many allocations on this thread throw std::bad_alloc (0:
-// none). Set by a test from a hook that runs on the thread it means.
+// none). Set by a test from a hook that runs on the thread it means. Every
+// unaligned form of new and delete is replaced, so that all of them pair
+// malloc with free (under ASan, a form left to the runtime allocates as
+// "operator new" and would be freed here).
 thread_local int fail_allocations =
     0;  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
 
@@ -50,8 +53,33 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;  // NOLINT(cppcoreguidelines-no-malloc)
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }  // NOLINT(cppcoreguidelines-no-malloc)
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }    // NOLINT(cppcoreguidelines-no-malloc)
+void operator delete[](void* p) noexcept { std::free(p); }  // NOLINT(cppcoreguidelines-no-malloc)
 void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
   std::free(p);  // NOLINT(cppcoreguidelines-no-malloc)
 }
 #if defined(__GNUC__) && !defined(__clang__)
@@ -1255,6 +1283,7 @@ TEST_F(Middleware, AnUnkeyedPostThatMayHaveRunIsNotToldToRetry) {
   EXPECT_GE(unkeyed_post.result_int(), 500U) << unkeyed_post.body();
   const auto body = nlohmann::json::parse(unkeyed_post.body());
   EXPECT_EQ(body["retryable"], false) << unkeyed_post.body();
+  EXPECT_EQ(body["in_doubt"], true) << "it may have run: " << unkeyed_post.body();
   EXPECT_EQ(body["code"], codes::downstream_timeout);
   EXPECT_NE(body["detail"].get<std::string>().find("without an Idempotency-Key"),
             std::string::npos);
@@ -1330,6 +1359,37 @@ TEST_F(Middleware, ARequestIsAnsweredWhenItsAnswerCannotBeBuiltAtFirst) {
   EXPECT_EQ(res.result_int(), 503U) << res.body();
   EXPECT_EQ(nlohmann::json::parse(res.body())["retryable"], true) << res.body();
   EXPECT_EQ(res["Idempotency-Key"], "k-alloc");
+
+  // The same for a POST sent without a key where keys are optional: never
+  // told to retry once it may have run (found in review), and flagged in
+  // doubt.
+  middleware_options o;
+  o.scope = [](const http_request&) -> std::optional<std::string> { return "c1"; };
+  o.key_required_on = {};
+  middleware optional_keys(*m_, pool, std::move(o));
+  set_log_sink([](log_level, std::string_view line) {
+    if (line.find("bank-timed-out") != std::string_view::npos) fail_allocations = 1;
+  });
+  std::promise<http_response> unkeyed_answer;
+  optional_keys.handle(
+      post("", "{}"), [&](http_response r) { unkeyed_answer.set_value(std::move(r)); },
+      [](tx&, const http_request&) { return 0; },
+      [](const attempt&, int) -> int {
+        throw error(error_info::of(error_class::in_doubt, codes::downstream_timeout,
+                                   "the bank did not answer")
+                        .with_internal("bank-timed-out after 2 s"));
+      },
+      [](tx&, const attempt&, const outcome<int>&) {
+        return response{201, {}, "paid"};
+      });
+  auto unkeyed = unkeyed_answer.get_future();
+  const bool unkeyed_ready =
+      unkeyed.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  set_log_sink({});
+  ASSERT_TRUE(unkeyed_ready) << "the unkeyed request was never answered";
+  const auto body = nlohmann::json::parse(unkeyed.get().body());
+  EXPECT_EQ(body["retryable"], false) << body.dump();
+  EXPECT_EQ(body["in_doubt"], true) << body.dump();
 }
 
 // Issue 7, defect 13: an unclassified exception's text (a host, SQL) is

@@ -207,6 +207,11 @@ class middleware {
   bool wait_again(const std::shared_ptr<pending>& p,
                   std::optional<std::chrono::milliseconds> retry_after);
   void finish(pending& p, http_response res) const;
+  /// The answer to a request that failed once process() may have run it.
+  [[nodiscard]] http_response failure_response(const pending& p, const error_info& e) const;
+  /// The last resort when no answer could be built: the connection is
+  /// dropped, unless an answer was handed on already. Never throws.
+  static void drop_unanswered(pending& p) noexcept;
   void notify_observer(const http_request& req, const http_response& res,
                        std::chrono::steady_clock::time_point started) const noexcept;
   void log_internal(const error_info& e, std::string_view about) const;
