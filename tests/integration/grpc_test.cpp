@@ -891,7 +891,12 @@ std::string reason_of(const grpc::Status& s) {
 // retryable, with google.rpc.RetryInfo and the reason in_progress.
 TEST_P(Grpc, AHeldKeyIsUnavailableWithRetryInfo) {
   ASSERT_NO_FATAL_FAILURE(start({"--latency-ms", "1500"}));
-  std::thread first([&] { EXPECT_TRUE(call("slow", 300).status.ok()); });
+  // Joined on every way out (a failed ASSERT below returned with it running:
+  // std::terminate, and the suite hung until ctest's timeout).
+  std::jthread first([&] {
+    const auto s = call("slow", 300).status;
+    EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  });
   answer second;
   for (int i = 0; i < 100; ++i) {  // until the first holds the key
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
