@@ -1336,29 +1336,36 @@ TEST_F(Middleware, ARequestIsAnsweredWhenItsAnswerCannotBeBuiltAtFirst) {
   m_ = std::make_unique<manager>(*store_);
   work_pool pool(1, 4);
   auto mw = make(pool);
-  set_log_sink([](log_level, std::string_view line) {
-    if (line.find("bank-timed-out") != std::string_view::npos) fail_allocations = 1;
-  });
-  std::promise<http_response> answer;
-  mw.handle(
-      post("k-alloc", "{}"), [&](http_response r) { answer.set_value(std::move(r)); },
-      [](tx&, const http_request&) { return 0; },
-      [](const attempt&, int) -> int {
-        throw error(error_info::of(error_class::in_doubt, codes::downstream_timeout,
-                                   "the bank did not answer")
-                        .with_internal("bank-timed-out after 2 s"));
-      },
-      [](tx&, const attempt&, const outcome<int>&) {
-        return response{201, {}, "paid"};
-      });
-  auto answered = answer.get_future();
-  const bool ready = answered.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
-  set_log_sink({});
-  ASSERT_TRUE(ready) << "the request was never answered";
-  const auto res = answered.get();
-  EXPECT_EQ(res.result_int(), 503U) << res.body();
-  EXPECT_EQ(nlohmann::json::parse(res.body())["retryable"], true) << res.body();
-  EXPECT_EQ(res["Idempotency-Key"], "k-alloc");
+  // One request whose bank call times out, with the allocation failure
+  // armed; nullopt when it was never answered.
+  const auto answer_failing_once = [](middleware& via,
+                                      http_request req) -> std::optional<http_response> {
+    set_log_sink([](log_level, std::string_view line) {
+      if (line.find("bank-timed-out") != std::string_view::npos) fail_allocations = 1;
+    });
+    std::promise<http_response> answer;
+    via.handle(
+        std::move(req), [&](http_response r) { answer.set_value(std::move(r)); },
+        [](tx&, const http_request&) { return 0; },
+        [](const attempt&, int) -> int {
+          throw error(error_info::of(error_class::in_doubt, codes::downstream_timeout,
+                                     "the bank did not answer")
+                          .with_internal("bank-timed-out after 2 s"));
+        },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{201, {}, "paid"};
+        });
+    auto answered = answer.get_future();
+    const bool ready = answered.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    set_log_sink({});
+    if (!ready) return std::nullopt;
+    return answered.get();
+  };
+  const auto res = answer_failing_once(mw, post("k-alloc", "{}"));
+  ASSERT_TRUE(res) << "the request was never answered";
+  EXPECT_EQ(res->result_int(), 503U) << res->body();
+  EXPECT_EQ(nlohmann::json::parse(res->body())["retryable"], true) << res->body();
+  EXPECT_EQ((*res)["Idempotency-Key"], "k-alloc");
 
   // The same for a POST sent without a key where keys are optional: never
   // told to retry once it may have run (found in review), and flagged in
@@ -1367,27 +1374,9 @@ TEST_F(Middleware, ARequestIsAnsweredWhenItsAnswerCannotBeBuiltAtFirst) {
   o.scope = [](const http_request&) -> std::optional<std::string> { return "c1"; };
   o.key_required_on = {};
   middleware optional_keys(*m_, pool, std::move(o));
-  set_log_sink([](log_level, std::string_view line) {
-    if (line.find("bank-timed-out") != std::string_view::npos) fail_allocations = 1;
-  });
-  std::promise<http_response> unkeyed_answer;
-  optional_keys.handle(
-      post("", "{}"), [&](http_response r) { unkeyed_answer.set_value(std::move(r)); },
-      [](tx&, const http_request&) { return 0; },
-      [](const attempt&, int) -> int {
-        throw error(error_info::of(error_class::in_doubt, codes::downstream_timeout,
-                                   "the bank did not answer")
-                        .with_internal("bank-timed-out after 2 s"));
-      },
-      [](tx&, const attempt&, const outcome<int>&) {
-        return response{201, {}, "paid"};
-      });
-  auto unkeyed = unkeyed_answer.get_future();
-  const bool unkeyed_ready =
-      unkeyed.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
-  set_log_sink({});
-  ASSERT_TRUE(unkeyed_ready) << "the unkeyed request was never answered";
-  const auto body = nlohmann::json::parse(unkeyed.get().body());
+  const auto unkeyed = answer_failing_once(optional_keys, post("", "{}"));
+  ASSERT_TRUE(unkeyed) << "the unkeyed request was never answered";
+  const auto body = nlohmann::json::parse(unkeyed->body());
   EXPECT_EQ(body["retryable"], false) << body.dump();
   EXPECT_EQ(body["in_doubt"], true) << body.dump();
 }
