@@ -1925,6 +1925,51 @@ TEST(Server, AChunkLineOrTrailerThatNeverEndsIsRefusedNotBuffered) {
   s.stop();
 }
 
+// Found in review: Beast 1.74 merges a chunked body's trailer fields into
+// the header fields, so an Idempotency-Key or an Authorization sent as a
+// trailer was taken as the request's own (RFC 9110, 6.5.1 forbids it; a
+// proxy that drops trailers would send the retry without its key). Such a
+// request is refused before the handler, and the connection, read to the
+// end of the request, serves the next one.
+TEST(Server, ARequestWithTrailerFieldsIsRefusedBeforeTheHandler) {
+  std::atomic<int> handled{0};
+  std::mutex m;
+  std::string seen_key;
+  server s({}, [&](http_request&& req, responder respond) {
+    ++handled;
+    {
+      std::lock_guard lock(m);
+      seen_key = std::string(req["Idempotency-Key"]);
+    }
+    respond(make_response(200, "ran " + req.body()));
+  });
+  s.start();
+  const std::string head =
+      "POST /v1/payments HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+  for (const std::string trailer : {"Idempotency-Key: in-a-trailer\r\n",
+                                    "Authorization: Bearer sk_test_x\r\n", "X-Checksum: 1\r\n"}) {
+    raw_connection c(s.port());
+    ASSERT_TRUE(c.write(head + "0\r\n" + trailer + "\r\n"));
+    const auto refused = c.read_until("trailer fields are not accepted\n");
+    EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0U) << trailer << refused;
+    ASSERT_TRUE(c.write("GET /next HTTP/1.1\r\nHost: x\r\n\r\n"));
+    EXPECT_NE(c.read_until("ran "), "") << "the connection serves its next request";
+  }
+  EXPECT_EQ(handled, 3) << "only the three GETs reached the handler";
+  // A chunked body without trailers, with its key in the header, is served.
+  raw_connection c(s.port());
+  ASSERT_TRUE(
+      c.write("POST /v1/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: in-the-header\r\n"
+              "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
+  EXPECT_NE(c.read_until("ran hello"), "");
+  EXPECT_EQ(handled, 4);
+  {
+    std::lock_guard lock(m);
+    EXPECT_EQ(seen_key, "in-the-header");
+  }
+  s.stop();
+}
+
 // The bound is on bytes not parsed yet, not on the body: chunks and bodies
 // far larger than it are read whole.
 // Beast 1.74 throws std::length_error from inside its parser for a header

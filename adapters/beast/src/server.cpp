@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -146,6 +147,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   }
 };
 
+template <class Fields>
+std::size_t field_count(const Fields& fields) {
+  return static_cast<std::size_t>(std::distance(fields.begin(), fields.end()));
+}
+
 // Beast's reads ask for up to this many bytes at a time (read_size()).
 constexpr std::size_t beast_read_size = std::size_t{64} * 1024;
 
@@ -233,6 +239,7 @@ class session : public std::enable_shared_from_this<session> {
     stream_.expires_at(by);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
+                              self->header_fields_ = field_count(self->parser_->get());
                               if (ec || self->parser_->is_done()) return self->on_read(ec);
                               if (self->expects_continue()) return self->send_continue();
                               self->read_body();
@@ -292,6 +299,20 @@ class session : public std::enable_shared_from_this<session> {
       return write(std::move(r));
     }
     served_one_ = true;
+    // Beast 1.74 merges a chunked body's trailer fields into the header
+    // fields, where nothing can tell them apart. Found in review: an
+    // Idempotency-Key (or an Authorization) sent as a trailer was taken as
+    // the request's own, which RFC 9110 (6.5.1) forbids, and a proxy that
+    // drops trailers on the retry would have sent the same payment without
+    // its key, to be charged again. A request with trailer fields is
+    // refused before it reaches the handler; it is read whole, so the
+    // connection stays usable.
+    if (field_count(parser_->get()) != header_fields_) {
+      auto r = make_response(400, "trailer fields are not accepted\n");
+      r.keep_alive(parser_->get().keep_alive());
+      head_ = parser_->get().method() == http::verb::head;
+      return write(std::move(r));
+    }
     http_request req = parser_->release();
     const bool keep_alive = req.keep_alive();
     head_ = req.method() == http::verb::head;
@@ -386,6 +407,7 @@ class session : public std::enable_shared_from_this<session> {
   boost::beast::tcp_stream stream_;
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::size_t header_fields_ = 0;             // fields in the header block, trailers not yet read
   bool served_one_ = false;                   // a new connection has nothing to be idle about
   bool head_ = false;                         // the request being answered is a HEAD
   std::atomic<std::int64_t> idle_since_{-1};  // see idle_since()
