@@ -907,6 +907,27 @@ TEST(Journal, KeepsTheKeyOfALogicalRequestAndRefusesAnotherPayload) {
   std::filesystem::remove(path);
 }
 
+// Found in review: a default-constructed string_view as the name was bound
+// as SQL NULL, which no name equals, so every run was given a new key (and
+// paid again after a crash). An empty name is refused, whichever way it is
+// empty, and writes nothing.
+TEST(Journal, AnEmptyNameIsRefusedAndWritesNothing) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("journal-" + test::random_hex() + ".db");
+  sqlite_key_journal j(path.string());
+  EXPECT_THROW((void)j.entry_for(std::string_view{}, "fp-1"), std::invalid_argument);
+  EXPECT_THROW((void)j.entry_for("", "fp-1"), std::invalid_argument);
+  EXPECT_THROW((void)j.key_for(std::string_view{}, "fp-1"), std::invalid_argument);
+  EXPECT_TRUE(j.pending().empty());
+  // A payload fingerprint given as a default-constructed view is the empty
+  // one, the same on every call.
+  const auto first = j.entry_for("order-1/pay", std::string_view{});
+  const auto again = j.entry_for("order-1/pay", "");
+  EXPECT_EQ(again.key, first.key);
+  EXPECT_TRUE(again.resumed);
+  std::filesystem::remove(path);
+}
+
 // Found in review: an entry was resumed whatever its age. Past the server's
 // retention its record may be purged, and the key sent again is a new
 // request: a second payment if the first went through. An entry older than

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
 
 #include "orpheus/client/retry.hpp"
 #include "orpheus/error.hpp"
@@ -34,7 +35,11 @@ struct sqlite_key_journal::impl {
     }
     int i = 1;
     for (const auto p : params) {
-      sqlite3_bind_text64(s, i++, p.data(), p.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
+      // Never a null pointer: SQLite binds that as NULL, which no name
+      // equals (found in review: a default-constructed string_view as the
+      // name found no entry, and each run was given a new key).
+      sqlite3_bind_text64(s, i++, p.data() != nullptr ? p.data() : "", p.size(), SQLITE_TRANSIENT,
+                          SQLITE_UTF8);
     }
     std::vector<std::vector<std::string>> out;
     int rc = 0;
@@ -120,6 +125,9 @@ std::string sqlite_key_journal::key_for(std::string_view name, std::string_view 
 }
 
 journal_entry sqlite_key_journal::entry_for(std::string_view name, std::string_view payload) {
+  if (name.empty()) {
+    throw std::invalid_argument("key journal: a logical request needs a name, and '' is none");
+  }
   std::lock_guard lock(impl_->m);
   impl_->exec("BEGIN IMMEDIATE");
   try {

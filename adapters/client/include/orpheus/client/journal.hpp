@@ -73,7 +73,8 @@ class key_journal {
   /// was journaled with another payload fingerprint, request_completed
   /// when it was completed (its message names the key, whose answer the
   /// server replays while it keeps the record), and entry_too_old (the SQLite
-  /// journal) when it was started too long ago to be resumed safely.
+  /// journal) when it was started too long ago to be resumed safely. The
+  /// SQLite journal refuses an empty name (std::invalid_argument).
   virtual std::string key_for(std::string_view name, std::string_view payload_fingerprint) = 0;
   /// key_for(), and whether the entry was there already: use this one, and
   /// send with prepared_request::resuming(entry.resumed). Found in review:
