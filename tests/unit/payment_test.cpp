@@ -269,6 +269,8 @@ TEST(Payment, HttpStatusesMapToGatewayStatuses) {
                                                 {404, gateway_status::not_found},
                                                 {408, gateway_status::timeout},
                                                 {409, gateway_status::in_progress},
+                                                // a proxy's, not the gateway's word
+                                                {421, gateway_status::server_error},
                                                 {422, gateway_status::invalid},
                                                 {425, gateway_status::in_progress},
                                                 {429, gateway_status::throttled},

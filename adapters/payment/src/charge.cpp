@@ -65,6 +65,12 @@ gateway_status status_of_http(unsigned http_status) noexcept {
     case 401:  // this service's credentials (a key rotated, a permission missing)
     case 403:
       return gateway_status::unauthorized;
+    case 421:
+      // Misdirected Request: a server on the way that will not answer for the
+      // gateway's host (RFC 9110, 15.5.20), not the gateway's word on the
+      // payment. Found in review: it was invalid, a final refusal recorded
+      // for a payment that could still go through. Unknown, as a 5xx.
+      return gateway_status::server_error;
     default:
       break;
   }

@@ -76,7 +76,7 @@ enum class gateway_status {
 /// take it only with the gateway's own word that the key is unknown: see
 /// gateway::status()), 408 and 504 timeout,
 /// 409 and 425 in_progress, 429 throttled, 401 and 403 unauthorized, other
-/// 5xx server_error, other 4xx
+/// 5xx and 421 (a server on the way, not the gateway) server_error, other 4xx
 /// invalid; anything else (1xx, 3xx) server_error, an unknown outcome. A
 /// gateway whose body says more (a decline answered with 200) refines it.
 /// Never map 409 or 429 to `invalid`: that records a charge that may exist as
