@@ -718,6 +718,55 @@ TEST_F(DbFailure, APreRpcResultTooLongForItsColumnIsRefusedNotLeftInDoubt) {
   EXPECT_TRUE(b.charges().empty());
 }
 
+// Found in review: a value longer than the server's max_allowed_packet (a
+// Pre-RPC result, a recorded body, a handler's own parameter) was refused by
+// the server only when its statement ran; on MariaDB, where the fenced write
+// rides with the COMMIT, that discarded the connection, and the message did
+// not say how long the value was. It is refused for good before anything is
+// sent, and the connection is kept.
+TEST_F(DbFailure, AValueLargerThanTheServersPacketIsRefusedBeforeItIsSent) {
+  const global_setting packet("max_allowed_packet", "4194304");
+  auto s = make();  // new connections: they read the smaller packet
+  manager m(*s);
+  bank b;
+  EXPECT_EQ(pay(m, id("packet-warm"), b).status, 201);  // pooled connections from here
+  const auto before = s->pool_stats(0);
+  const std::string big(std::size_t{5} * 1024 * 1024, 'x');  // under the column's 16 MiB
+  {
+    auto t = s->begin_on_shard(0);
+    try {
+      (void)t->query("SELECT LENGTH(?)", big);
+      ADD_FAILURE() << "a statement larger than max_allowed_packet was sent";
+    } catch (const storage_error& e) {
+      EXPECT_FALSE(e.retryable()) << e.what();
+      EXPECT_FALSE(e.in_doubt()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("max_allowed_packet"), std::string::npos) << e.what();
+    }
+  }
+  const auto rid = id("pre-rpc-over-the-packet");
+  try {
+    m.process(
+        rid, [&](tx&) { return big; },
+        [&](const attempt& a, const std::string&) { return b.charge(a); },
+        [](tx&, const attempt&, const outcome<std::string>&) {
+          return response{201, {}, ""};
+        });
+    ADD_FAILURE() << "a Pre-RPC result larger than max_allowed_packet was stored";
+  } catch (const error& e) {
+    EXPECT_FALSE(e.retryable()) << e.what();
+    EXPECT_FALSE(e.in_doubt()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_allowed_packet"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(s->read(rid));
+  EXPECT_EQ(b.charges().size(), 1U) << "only the first payment was charged";
+  // The connection was kept: nothing dropped, nothing reopened.
+  EXPECT_EQ(pay(m, id("packet-after"), b).status, 201);
+  const auto after = s->pool_stats(0);
+  EXPECT_EQ(after.dropped_unpinged, before.dropped_unpinged);
+  EXPECT_EQ(after.failed_pings, before.failed_pings);
+  EXPECT_EQ(after.connects, before.connects);
+}
+
 // The server refuses to prepare the compound statement (its
 // max_prepared_stmt_count is reached: a fleet's pooled connections can fill
 // it). Nothing ran, so nothing is in doubt, and the retry goes through.

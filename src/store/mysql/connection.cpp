@@ -67,11 +67,13 @@ connection::connection(const mysql_host& node, std::size_t index, const mysql_sh
   // must poison it, like a deadlock) or just the statement (the default).
   // The same round trip asks whether the server is MariaDB: its compound
   // statements let commit() store the Pre-RPC result too (see mysql_tx).
-  std::unique_ptr<sql::ResultSet> rs(
-      st->executeQuery("SELECT @@innodb_rollback_on_timeout, VERSION() LIKE '%MariaDB%'"));
+  // And the largest packet it takes (check_packet()).
+  std::unique_ptr<sql::ResultSet> rs(st->executeQuery(
+      "SELECT @@innodb_rollback_on_timeout, VERSION() LIKE '%MariaDB%', @@max_allowed_packet"));
   const bool got = rs->next();
   rollback_on_timeout_ = got && rs->getInt(1) != 0;
   mariadb_ = got && rs->getInt(2) != 0;
+  max_packet_ = got ? rs->getUInt64(3) : 0;
   rs.reset();
   // Whether it is a Galera node (issue 12): wsrep_on is ON only there. Asked
   // only for a shard given several nodes, and by SHOW VARIABLES, which every
@@ -139,7 +141,23 @@ sql::PreparedStatement& connection::prepare(std::string_view sql) {
                               conn_->prepareStatement(sql::SQLString(std::string(sql)))));
 }
 
-void bind(sql::PreparedStatement& ps, std::span<const sql_value> params) {
+void check_packet(std::uint64_t max_packet, std::span<const sql_value> params) {
+  if (max_packet == 0) return;
+  // The connector sends a long string apart (mysql_send_long_data), and the
+  // server refuses one longer than max_allowed_packet when the statement
+  // runs (1105), each value on its own.
+  for (const auto& p : params) {
+    const auto* text = std::get_if<std::string>(&p);
+    if (text != nullptr && text->size() > max_packet) {
+      throw storage_error::permanent(
+          "mysql: a value of " + std::to_string(text->size()) +
+          " bytes is longer than the server's max_allowed_packet (" + std::to_string(max_packet) +
+          "); nothing was sent (store less, or raise max_allowed_packet)");
+    }
+  }
+}
+
+void bind(sql::PreparedStatement& ps, std::span<const sql_value> params, std::uint64_t max_packet) {
   // The connector reports a wrong count with no server error code, which
   // reads as a lost link (found in review: a handler's statement with one
   // placeholder too many was "retry" forever, and dropped every idle
@@ -149,6 +167,7 @@ void bind(sql::PreparedStatement& ps, std::span<const sql_value> params) {
     throw storage_error::permanent("mysql: statement expects " + std::to_string(expected) +
                                    " parameters, got " + std::to_string(params.size()));
   }
+  check_packet(max_packet, params);
   unsigned i = 1;
   for (const auto& p : params) {
     if (std::holds_alternative<std::nullptr_t>(p)) {
@@ -203,14 +222,14 @@ sql_rows read_rows(sql::ResultSet& rs) {
 
 sql_rows run_query(connection& c, std::string_view sql, std::span<const sql_value> p) {
   auto& ps = c.prepare(sql);
-  bind(ps, p);
+  bind(ps, p, c.max_packet());
   std::unique_ptr<sql::ResultSet> rs(ps.executeQuery());
   return read_rows(*rs);
 }
 
 std::uint64_t run_update(connection& c, std::string_view sql, std::span<const sql_value> p) {
   auto& ps = c.prepare(sql);
-  bind(ps, p);
+  bind(ps, p, c.max_packet());
   return static_cast<std::uint64_t>(ps.executeUpdate());
 }
 

@@ -52,6 +52,9 @@ class connection {
   std::size_t node() const { return node_; }
   /// The server runs BEGIN NOT ATOMIC ... END (MariaDB 10.1 and later).
   bool compound_statements() const { return mariadb_; }
+  /// The server's max_allowed_packet, read when the connection opened: the
+  /// largest statement it takes (see check_packet()).
+  std::uint64_t max_packet() const { return max_packet_; }
   /// The node's Galera cluster (wsrep_cluster_state_uuid); empty for a
   /// shard of one server.
   const std::string& galera_cluster() const { return cluster_; }
@@ -78,12 +81,20 @@ class connection {
   steady::time_point last_used_;
   bool rollback_on_timeout_ = false;
   bool mariadb_ = false;
+  std::uint64_t max_packet_ = 0;  // 0: unknown, nothing is checked
   std::size_t node_ = 0;
   std::string cluster_;
 };
 
-/// Binds `params` to `ps`'s placeholders, in order.
-void bind(sql::PreparedStatement& ps, std::span<const sql_value> params);
+/// Throws a permanent storage_error, before anything is sent, when one of
+/// `params` is longer than `max_packet` bytes (the server's
+/// max_allowed_packet; 0 checks nothing). The server would refuse it
+/// (1105) only when the statement runs: on MariaDB, where the fenced write
+/// rides with the COMMIT, that failure discarded the connection (found in
+/// review), and its message did not say how long the value was.
+void check_packet(std::uint64_t max_packet, std::span<const sql_value> params);
+/// Binds `params` to `ps`'s placeholders, in order, after check_packet().
+void bind(sql::PreparedStatement& ps, std::span<const sql_value> params, std::uint64_t max_packet);
 /// Reads every row of `rs` as sql_values (integers, doubles, text/bytes).
 sql_rows read_rows(sql::ResultSet& rs);
 /// Runs a prepared statement that returns rows.

@@ -136,6 +136,10 @@ class mysql_tx final : public backend_tx {
     if (!poisoned_.empty()) throw refusal();
     send_deferred();
     if (conn_->compound_statements()) {
+      // Refused here, where the transaction can still be rolled back and
+      // its connection kept, not in commit(), where any failure discards
+      // the connection.
+      mysql_detail::check_packet(conn_->max_packet(), p);
       deferred_ = fenced_write{std::string(sql), std::vector<sql_value>(p.begin(), p.end()),
                                on_fence_failure};
       return true;
@@ -169,7 +173,7 @@ class mysql_tx final : public backend_tx {
               return;
             }
             // Fails, like COMMIT, in doubt when the connection dies in it.
-            mysql_detail::bind(*block, std::span<const sql_value>(w->params));
+            mysql_detail::bind(*block, std::span<const sql_value>(w->params), c.max_packet());
             try {
               block->execute();
             } catch (const sql::SQLException& e) {
