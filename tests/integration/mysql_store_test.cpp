@@ -974,6 +974,17 @@ TEST_F(MysqlStore, LostConnectionDuringTheCommitThatStoresThePreRpcResultIsInDou
 // Post-RPC or of the record committed.
 TEST_F(MysqlStore, FinishSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenceFails) {
   manager m(*store_);
+  const auto plain = [&](const std::string& key) {
+    return m
+        .process(
+            id(key), [](tx&) { return 1; }, [](const attempt&, int) { return 2; },
+            [](tx&, const attempt&, const outcome<int>&) {
+              return response{200, {}, "ok"};
+            })
+        .status;
+  };
+  ASSERT_EQ(plain("finish-fence-before"), 200);  // the pools' connections are open and idle
+  const auto before = store_->pool_stats(0);
   const auto rid = id("finish-fence");
   try {
     m.process(
@@ -1000,6 +1011,12 @@ TEST_F(MysqlStore, FinishSentWithTheCommitIsFencedAndCommitsNothingWhenTheFenceF
   EXPECT_EQ(rec->state, record_state::in_progress) << "transaction 2 committed something";
   EXPECT_NE(rec->lease_owner, std::string(32, '0')) << "Post-RPC's tampering was committed";
   EXPECT_FALSE(handler_row_exists(scope_ + "/finish-fence")) << "Post-RPC's row was committed";
+  // Found in review: the discarded session made every idle connection of
+  // the shard suspect, pinged before its next loan. The link was fine.
+  ASSERT_EQ(plain("finish-fence-after"), 200);
+  const auto after = store_->pool_stats(0);
+  EXPECT_EQ(after.pings, before.pings) << "a failed fence had the other connections pinged";
+  EXPECT_EQ(after.dropped_unpinged, before.dropped_unpinged);
 }
 
 // The deferral itself, at the store seam: on MariaDB finish() and

@@ -161,9 +161,13 @@ void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost)
     // paid a ping (read_timeout) of its own before connecting.
     if (news) {
       mark_dead();
-    } else {
+    } else if (link_lost) {
       ++generation_;  // the others are only suspect
     }
+    // A session in a state not known (a failed fence, a lock wait in the
+    // COMMIT's block) says nothing about the others (found in review: each
+    // such failure, a take-over race say, had every idle connection of the
+    // shard pinged before its next loan).
     available_.notify_one();
     return;
   }
