@@ -391,8 +391,20 @@ void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
         "); a user without SELECT on orpheus_shard_map gets this (docs/schema.md). Until it "
         "can be read, every request on it is refused and nothing is written");
   }
-  if (!recorded || *recorded != place_of(shard, shard_count())) {
-    throw map_refusal(shard, shard_count(), recorded, false);
+  if (!recorded) throw map_refusal(shard, shard_count(), recorded, false);
+  if (*recorded != place_of(shard, shard_count())) {
+    // Another map's place: this process routes keys as no other does, on
+    // every shard, not this one alone (found in review: after an adopt of
+    // [x] from [x, y], a straggler of the old map refused x at its own
+    // check but went on serving y, where it looked for keys the new map
+    // puts on x). Every shard is refused at once, as when a reading of the
+    // whole map finds it.
+    auto refusal = map_refusal(shard, shard_count(), recorded, shard_count() > 1);
+    if (shard_count() > 1) {
+      publish_whole_map(steady_ns(), refusal, false);
+      log(log_level::error, refusal.what());
+    }
+    throw refusal;
   }
 }
 

@@ -681,6 +681,33 @@ TEST(Sharding, ACheckThatEndsAfterAConflictWasFoundLeavesItsShardRefused) {
   EXPECT_EQ(rpcs, before);
 }
 
+// Found in review: once the whole map had agreed, a shard's own check that
+// found another map's place refused that shard alone. After an adopt of
+// [x] from [x, y], a straggler of the old map refused x but went on serving
+// y, where it looked for keys the new map puts on x: each side would run
+// the other's retry as new. Every shard is refused at once.
+TEST(Sharding, AShardsOwnCheckThatFindsAnotherMapRefusesEveryShard) {
+  using namespace std::chrono_literals;
+  scratch_databases dbs("orpheus_own_check_");
+  ASSERT_EQ(dbs.servers.size(), 2U);
+  mysql_store old_map(dbs.map({0, 1}));
+  old_map.migrate();
+  old_map.recheck_shard_map_every(0ms);  // each request checks its own shard
+  manager before(old_map);
+  int rpcs = 0;
+  EXPECT_EQ(pay(before, key_on(old_map, 0, "old-"), rpcs).status, 201);
+  EXPECT_EQ(pay(before, key_on(old_map, 1, "old-"), rpcs).status, 201);  // the map agreed
+
+  mysql_store new_map(dbs.map({0}));
+  new_map.adopt_shard_map();  // x: "shard 0 of 1"; y is no longer in the map
+  expect_refused(before, key_on(old_map, 0, "late-"), rpcs,
+                 "shard 0 of this store's 2 records itself as shard 0 of 1", "x, its own check");
+  expect_refused(before, key_on(old_map, 1, "late-"), rpcs,
+                 "shard 0 of this store's 2 records itself as shard 0 of 1",
+                 "y, after x's own check found another map");
+  EXPECT_EQ(rpcs, 2);
+}
+
 // Found in review: a migrate refused at its second shard had already
 // recorded its map on the first (and said "nothing was changed"), and the
 // store of the right map could then not be migrated.
