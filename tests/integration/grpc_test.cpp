@@ -224,6 +224,15 @@ TEST_P(Grpc, ErrorsMapToStatusCodesAndRefusalsTouchNothing) {
   const auto joined = call("\"ab", 100, kKey, "cd\"");
   EXPECT_EQ(joined.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << joined.status.error_message();
+  // A key with white space around it (found in review: "k2 " was read as
+  // "k2", as an HTTP header's is, so two orders sent under "k2 " and "k2"
+  // were one payment; HTTP/2 does not allow such a field value).
+  for (const std::string spaced : {"k2 ", " k2"}) {
+    const auto a = call(spaced, 100);
+    EXPECT_EQ(a.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << "'" << spaced << "': " << a.status.error_message();
+    EXPECT_FALSE(orpheus::grpc::may_retry(a.status));
+  }
   const auto bad_amount = call("k2", 0);
   EXPECT_EQ(bad_amount.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(ledger()["charges"], 0);

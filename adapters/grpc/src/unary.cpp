@@ -346,6 +346,19 @@ idempotent_unary::idempotent_unary(manager& m, work_pool& pool, unary_options op
     }
     std::optional<std::string> key;
     if (first_key != after_keys) key.emplace(first_key->second.data(), first_key->second.size());
+    // Read as an HTTP header's value, which drops the white space around it,
+    // "k1 " was the key "k1" (found in review: two orders sent under "k1 "
+    // and "k1" were one payment). gRPC keeps a metadata value as sent, and
+    // HTTP/2 allows none around a field value (RFC 9113, 8.2.1): refused.
+    if (key && !key->empty() &&
+        (key->front() == ' ' || key->front() == '\t' || key->back() == ' ' ||
+         key->back() == '\t')) {
+      reactor->Finish(status_of(
+          error_info::of(error_class::invalid_input, codes::invalid_key,
+                         "the " + options_.key_metadata +
+                             " metadata has white space around the key: send the key alone")));
+      return reactor;
+    }
     auto who = identify(
         text, key, [&] { return options_.scope(*ctx); },
         identify_options{options_.key_metadata, true, 64});
