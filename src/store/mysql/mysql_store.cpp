@@ -195,11 +195,13 @@ class mysql_tx final : public backend_tx {
           /*in_commit=*/true);
     } catch (const storage_error&) {
       // Whatever the error, the session may still be inside the transaction:
-      // never lend this connection to another request.
-      conn_.mark_broken();
+      // never lend this connection to another request. A failed fence is the
+      // server's own answer: the link was up.
+      const bool fence_failed = w && conn_.last_error_code() == signal_exception;
+      conn_.mark_broken(/*link_up=*/fence_failed);
       // The fence stopped the block before its COMMIT: nothing committed
       // (the discarded connection's transaction is rolled back).
-      if (w && conn_.last_error_code() == signal_exception) throw w->on_fence_failure();
+      if (fence_failed) throw w->on_fence_failure();
       throw;
     } catch (...) {
       conn_.mark_broken();

@@ -142,7 +142,8 @@ std::unique_ptr<connection> pool::connect(std::uint64_t generation) {
   }
 }
 
-void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost) {
+void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost,
+                     bool others_suspect) {
   if (broken) {
     // Only a connection as new as the last death, to the node in use, says
     // anything new (found in review: each of N statements in flight on a
@@ -161,13 +162,9 @@ void pool::give_back(std::unique_ptr<connection> c, bool broken, bool link_lost)
     // paid a ping (read_timeout) of its own before connecting.
     if (news) {
       mark_dead();
-    } else if (link_lost) {
+    } else if (link_lost || others_suspect) {
       ++generation_;  // the others are only suspect
     }
-    // A session in a state not known (a failed fence, a lock wait in the
-    // COMMIT's block) says nothing about the others (found in review: each
-    // such failure, a take-over race say, had every idle connection of the
-    // shard pinged before its next loan).
     available_.notify_one();
     return;
   }

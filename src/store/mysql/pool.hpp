@@ -74,8 +74,11 @@ class pool {
   /// the shard opened before it is dropped unpinged and the next connection
   /// tries the shard's next node first; a session closed for other reasons
   /// (a failed COMMIT, a certification conflict) leaves the node in use and
-  /// the idle connections are pinged before their next use.
-  void give_back(std::unique_ptr<connection> c, bool broken, bool link_lost);
+  /// the idle connections are pinged before their next use, unless
+  /// `others_suspect` is false: the server itself answered the failure that
+  /// closed it (a failed fence's SIGNAL), so the link was up.
+  void give_back(std::unique_ptr<connection> c, bool broken, bool link_lost,
+                 bool others_suspect = true);
 
   const mysql_shard& shard() const { return shard_; }
 
@@ -117,11 +120,19 @@ class borrowed {
   borrowed(const borrowed&) = delete;
   borrowed& operator=(const borrowed&) = delete;
   ~borrowed() {
-    if (conn_) pool_->give_back(std::move(conn_), broken_, link_lost_);
+    if (conn_) pool_->give_back(std::move(conn_), broken_, link_lost_, others_suspect_);
   }
   connection& operator*() { return *conn_; }
   connection* operator->() { return conn_.get(); }
-  void mark_broken() { broken_ = true; }
+  /// Never lend this connection again. `link_up`: the failure that made it
+  /// so was the server's own answer (a failed fence's SIGNAL), so the
+  /// shard's other idle connections are not suspect (found in review: each
+  /// failed fence, a take-over race say, had them all pinged before their
+  /// next loan). Anything else that breaks it later makes them suspect.
+  void mark_broken(bool link_up = false) {
+    broken_ = true;
+    if (!link_up) others_suspect_ = true;
+  }
   [[nodiscard]] bool broken() const { return broken_; }
   /// The driver's code of the last failed statement (0 if it succeeded).
   [[nodiscard]] int last_error_code() const { return last_code_; }
@@ -153,6 +164,7 @@ class borrowed {
   /// The link itself failed (not just a session in an unknown state): the
   /// node may be gone.
   bool link_lost_ = false;
+  bool others_suspect_ = false;  // broken otherwise than with the link up: see mark_broken()
   bool ended_ = false;
   int last_code_ = 0;
 };
