@@ -135,6 +135,29 @@ class DbFailure : public testing::Test {
         });
   }
 
+  // A request whose Pre-RPC returns `pre_state`, which `s` must refuse for
+  // good before the RPC: not retryable, not in doubt, saying `says`, with
+  // nothing recorded and nothing charged.
+  void expect_pre_rpc_refused(mysql_store& s, manager& m, bank& b, const request_id& rid,
+                              const std::string& pre_state, const std::string& says) {
+    const auto charged = b.charges().size();
+    try {
+      m.process(
+          rid, [&](tx&) { return pre_state; },
+          [&](const attempt& a, const std::string&) { return b.charge(a); },
+          [](tx&, const attempt&, const outcome<std::string>&) {
+            return response{201, {}, ""};
+          });
+      ADD_FAILURE() << "a Pre-RPC result to be refused (" << says << ") was stored";
+    } catch (const error& e) {
+      EXPECT_FALSE(e.retryable()) << e.what();
+      EXPECT_FALSE(e.in_doubt()) << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(s.read(rid));
+    EXPECT_EQ(b.charges().size(), charged);
+  }
+
   // Kills one server connection by id from another connection.
   void kill_connection(std::int64_t conn_id) {
     auto killer = make();
@@ -699,22 +722,8 @@ TEST_F(DbFailure, APreRpcResultTooLongForItsColumnIsRefusedNotLeftInDoubt) {
   auto s = make();  // new connections: the server's new max_allowed_packet
   manager m(*s);
   bank b;
-  const auto rid = id("pre-rpc-too-long");
-  const std::string big(std::size_t{17} * 1024 * 1024, 'x');
-  try {
-    m.process(
-        rid, [&](tx&) { return big; },
-        [&](const attempt& a, const std::string&) { return b.charge(a); },
-        [](tx&, const attempt&, const outcome<std::string>&) {
-          return response{201, {}, ""};
-        });
-    ADD_FAILURE() << "a Pre-RPC result longer than its column was stored";
-  } catch (const error& e) {
-    EXPECT_FALSE(e.retryable()) << e.what();
-    EXPECT_FALSE(e.in_doubt()) << e.what();
-    EXPECT_NE(std::string(e.what()).find("1406"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(s->read(rid));
+  expect_pre_rpc_refused(*s, m, b, id("pre-rpc-too-long"),
+                         std::string(std::size_t{17} * 1024 * 1024, 'x'), "1406");
   EXPECT_TRUE(b.charges().empty());
 }
 
@@ -743,21 +752,7 @@ TEST_F(DbFailure, AValueLargerThanTheServersPacketIsRefusedBeforeItIsSent) {
       EXPECT_NE(std::string(e.what()).find("nothing was sent"), std::string::npos) << e.what();
     }
   }
-  const auto rid = id("pre-rpc-over-the-packet");
-  try {
-    m.process(
-        rid, [&](tx&) { return big; },
-        [&](const attempt& a, const std::string&) { return b.charge(a); },
-        [](tx&, const attempt&, const outcome<std::string>&) {
-          return response{201, {}, ""};
-        });
-    ADD_FAILURE() << "a Pre-RPC result larger than max_allowed_packet was stored";
-  } catch (const error& e) {
-    EXPECT_FALSE(e.retryable()) << e.what();
-    EXPECT_FALSE(e.in_doubt()) << e.what();
-    EXPECT_NE(std::string(e.what()).find("nothing was sent"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(s->read(rid));
+  expect_pre_rpc_refused(*s, m, b, id("pre-rpc-over-the-packet"), big, "nothing was sent");
   EXPECT_EQ(b.charges().size(), 1U) << "only the first payment was charged";
   // The connection was kept: nothing dropped, nothing reopened.
   EXPECT_EQ(pay(m, id("packet-after"), b).status, 201);
