@@ -399,8 +399,9 @@ void store::check_recorded_map(std::size_t shard, std::int64_t now_ns) {
     // check but went on serving y, where it looked for keys the new map
     // puts on x). Every shard is refused at once, as when a reading of the
     // whole map finds it.
-    auto refusal = map_refusal(shard, shard_count(), recorded, shard_count() > 1);
-    if (shard_count() > 1) {
+    const bool every_shard = shard_count() > 1;  // one shard is the whole map
+    auto refusal = map_refusal(shard, shard_count(), recorded, every_shard);
+    if (every_shard) {
       publish_whole_map(steady_ns(), refusal, false);
       log(log_level::error, refusal.what());
     }

@@ -173,7 +173,8 @@ class mysql_tx final : public backend_tx {
               return;
             }
             // Fails, like COMMIT, in doubt when the connection dies in it.
-            mysql_detail::bind(*block, std::span<const sql_value>(w->params), c.max_packet());
+            // Checked against max_allowed_packet in execute_fenced() already.
+            mysql_detail::bind(*block, std::span<const sql_value>(w->params), /*max_packet=*/0);
             try {
               block->execute();
             } catch (const sql::SQLException& e) {
