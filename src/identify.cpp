@@ -4,7 +4,9 @@
 #include "orpheus/identify.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,26 +67,118 @@ std::size_t members_in(const nlohmann::json& j) {
   return n;
 }
 
+// A JSON number's decimal value, exactly: its sign, its digits without
+// leading or trailing zeros, and the power of ten of the last one ("-1.50e2"
+// is -, "15", 1). Zero has no digits (and no sign). Exponents beyond 10^15
+// are clamped: such a number is no double's exact value anyway.
+struct decimal_value {
+  bool negative = false;
+  std::string digits;
+  long long exponent = 0;
+  bool operator==(const decimal_value&) const = default;
+};
+
+std::optional<decimal_value> decimal_of(std::string_view s) {
+  decimal_value d;
+  std::size_t i = 0;
+  if (i < s.size() && s[i] == '-') {
+    d.negative = true;
+    ++i;
+  }
+  long long fraction_digits = 0;
+  bool any_digit = false;
+  bool in_fraction = false;
+  for (; i < s.size() && s[i] != 'e' && s[i] != 'E'; ++i) {
+    if (s[i] == '.' && !in_fraction) {
+      in_fraction = true;
+    } else if (s[i] >= '0' && s[i] <= '9') {
+      any_digit = true;
+      if (in_fraction) ++fraction_digits;
+      if (!d.digits.empty() || s[i] != '0') d.digits += s[i];
+    } else {
+      return std::nullopt;  // "null" (what an infinite double prints as), or not a number
+    }
+  }
+  if (!any_digit) return std::nullopt;
+  long long exponent = 0;
+  if (i < s.size()) {
+    ++i;
+    bool negative_exponent = false;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative_exponent = s[i++] == '-';
+    if (i == s.size()) return std::nullopt;
+    constexpr long long clamp = 1'000'000'000'000'000;
+    for (; i < s.size(); ++i) {
+      if (s[i] < '0' || s[i] > '9') return std::nullopt;
+      exponent = std::min(clamp, exponent * 10 + (s[i] - '0'));
+    }
+    if (negative_exponent) exponent = -exponent;
+  }
+  d.exponent = exponent - fraction_digits;
+  while (!d.digits.empty() && d.digits.back() == '0') {
+    d.digits.pop_back();
+    ++d.exponent;
+  }
+  if (d.digits.empty()) return decimal_value{};  // zero, whatever its sign or exponent
+  return d;
+}
+
+// The checks that come before a JSON body is parsed for its fingerprint, by
+// SAX events (nothing is built): member names are counted (see below), and
+// a number that the parser would hold as a double of another decimal value
+// stops the parse. nlohmann holds an integer beyond 64 bits, and every number
+// with a fraction or an exponent, as a double, so 100000000000000000001 and
+// 100000000000000000000 were one payload (both print as 1e+20), as were
+// 1.000000000000000001 and 1.0, 1e400 and null (found in review): a handler
+// that reads amounts as decimals, or as big integers, would have been handed
+// the second payload under the first one's key and answered with its replay.
+// A number is kept when the double prints (as dump() prints it) as the same
+// decimal value as sent: 1.50 is 1.5, 0.30000000000000004 is itself.
+class json_body_check final : public nlohmann::json::json_sax_t {
+ public:
+  std::size_t names_read = 0;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t value, const string_t& text) override {
+    if (!std::isfinite(value)) return false;
+    auto sent = decimal_of(text);
+    return sent && sent == decimal_of(nlohmann::json(value).dump());
+  }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override {
+    ++names_read;
+    return true;
+  }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+};
+
 std::string canonical_body(std::string_view content_type, std::string_view body,
                            std::size_t max_json_depth) {
   const auto type = detail::ascii_lower(content_type);
   if (type.rfind("application/json", 0) == 0 && !json_nested_deeper_than(body, max_json_depth)) {
     // Parsed and dumped again: key order and white space do not matter. A
     // body that does not parse is fingerprinted as it is (the handler will
-    // refuse it anyway). So is one with a member name twice in an object:
-    // the parser keeps the last, and {"amount":100,"amount":5} and
+    // refuse it anyway). So is one with a number the parser cannot hold
+    // exactly (json_body_check). So is one with a member name twice in an
+    // object: the parser keeps the last, and {"amount":100,"amount":5} and
     // {"amount":5} were one fingerprint, though a handler whose parser keeps
     // the first reads 100 (found in review). A repeated name shows as fewer
     // members parsed than names read: counted, nothing stored per name
     // (this runs on the io thread, for every request).
-    std::size_t names_read = 0;
-    const nlohmann::json::parser_callback_t count = [&](int, nlohmann::json::parse_event_t event,
-                                                        nlohmann::json&) {
-      if (event == nlohmann::json::parse_event_t::key) ++names_read;
-      return true;
-    };
-    auto j = nlohmann::json::parse(body, count, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && members_in(j) == names_read) return "json:" + j.dump();
+    json_body_check check;
+    if (nlohmann::json::sax_parse(body, &check)) {
+      auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_discarded() && members_in(j) == check.names_read) return "json:" + j.dump();
+    }
   }
   if (type.rfind("application/x-www-form-urlencoded", 0) == 0) {
     return "form:" + canonical_form(body);

@@ -41,9 +41,11 @@ struct request_text {
 /// The text the fingerprint is taken of: method, target, the headers (names
 /// lower-cased) and the body. A JSON body (content type application/json) is
 /// parsed and printed again, so key order and spacing do not matter, unless it
-/// is nested deeper than `max_json_depth`, does not parse, or names a member
+/// is nested deeper than `max_json_depth`, does not parse, names a member
 /// twice in one object (the parser keeps the last; a handler's may keep the
-/// first): then it is taken as it is. A form body (application/x-www-form-urlencoded) has its
+/// first), or holds a number that the parser would hold as a double of
+/// another decimal value (an integer beyond 64 bits, 1.000000000000000001,
+/// 1e400): then it is taken as it is. A form body (application/x-www-form-urlencoded) has its
 /// fields ordered by decoded name; a repeated field keeps the order it was sent in. Any other body
 /// is taken byte for byte.
 [[nodiscard]] std::string canonical_request(const request_text& r, std::size_t max_json_depth = 64);

@@ -6,8 +6,10 @@
 // Properties, for every body:
 //  - a body is fingerprinted either as "json:" + a text that parses to the
 //    same value as the body, or as "raw:" + its bytes, the latter only when
-//    it is not JSON, is nested deeper than max_json_depth, or names a member
-//    twice in one object (the parser would keep only the last). So the
+//    it is not JSON, is nested deeper than max_json_depth, names a member
+//    twice in one object (the parser would keep only the last), or holds a
+//    number the parser reads as a double that prints as other text than
+//    sent (it may be another decimal value: 1.000000000000000001 is 1.0). So the
 //    canonical text determines the payload: two bodies with one fingerprint
 //    are one payload;
 //  - canonicalisation is stable: the canonical body, sent again, gets the
@@ -60,15 +62,20 @@ std::size_t depth_of(const nlohmann::json& root) {
   return deepest;
 }
 
-// Whether a JSON text names a member twice in one object, by SAX events.
+// Whether a JSON text names a member twice in one object, or holds a number
+// read as a double that prints as other text, by SAX events.
 class repeated_names final : public nlohmann::json::json_sax_t {
  public:
   bool found = false;
+  bool reprinted = false;
   bool null() override { return true; }
   bool boolean(bool) override { return true; }
   bool number_integer(number_integer_t) override { return true; }
   bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool number_float(number_float_t value, const string_t& text) override {
+    reprinted = reprinted || nlohmann::json(value).dump() != text;
+    return true;
+  }
   bool string(string_t&) override { return true; }
   bool binary(binary_t&) override { return true; }
   bool start_object(std::size_t) override {
@@ -94,10 +101,10 @@ class repeated_names final : public nlohmann::json::json_sax_t {
   std::vector<std::vector<std::string>> open_;
 };
 
-bool names_a_member_twice(std::string_view body) {
+bool names_a_member_twice_or_reprints_a_number(std::string_view body) {
   repeated_names sax;
   nlohmann::json::sax_parse(body, &sax);
-  return sax.found;
+  return sax.found || sax.reprinted;
 }
 
 // What a body means: its value when it is JSON, else its bytes. (nlohmann
@@ -124,11 +131,12 @@ payload check_body(std::string_view body) {
   } else {
     FUZZ_CHECK(c == "raw:" + std::string(body), shown(body) + " -> " + shown(c));
     // Taken as it is only when it is not JSON, nested too deep (the
-    // middleware counts the brackets of the whole text, past a NUL too), or
-    // names a member twice.
+    // middleware counts the brackets of the whole text, past a NUL too),
+    // names a member twice or holds a number that may not be what it says.
     const auto* value = std::get_if<nlohmann::json>(&p);
     FUZZ_CHECK(value == nullptr || depth_of(*value) > max_depth ||
-                   body.find('\0') != std::string_view::npos || names_a_member_twice(body),
+                   body.find('\0') != std::string_view::npos ||
+                   names_a_member_twice_or_reprints_a_number(body),
                "JSON taken as raw bytes: " + shown(body));
   }
   return p;

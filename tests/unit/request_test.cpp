@@ -248,6 +248,39 @@ TEST(Identify, JsonKeyOrderAndSpacingDoNotChangeTheFingerprint) {
             orpheus::canonical_request({"POST", "/v1/refunds", "application/json", "{}", {}}));
 }
 
+// Found in review: nlohmann holds an integer beyond 64 bits, and any number
+// with a fraction or an exponent, as a double, and the fingerprint was taken
+// of the double printed again, so two amounts a decimal or big-integer parser
+// tells apart were one payload: the second was answered with the first's
+// replay. Such a body is now fingerprinted as its bytes.
+TEST(Identify, NumbersADoubleCannotHoldAreNotMadeOnePayload) {
+  auto canonical = [](std::string_view body) {
+    return orpheus::canonical_request(json_post(body));
+  };
+  const std::pair<std::string_view, std::string_view> told_apart[] = {
+      {R"({"amount":100000000000000000001})", R"({"amount":100000000000000000000})"},
+      {R"({"amount":1.000000000000000001})", R"({"amount":1.0})"},
+      {R"({"amount":1e400})", R"({"amount":null})"},
+      {R"({"amount":-1e400})", R"({"amount":null})"},
+      {R"({"amount":1e-400})", R"({"amount":0.0})"},
+      {R"({"amount":4.9e-324})", R"({"amount":5e-324})"},
+      {R"({"amount":0.1000000000000000055511151231257827})", R"({"amount":0.1})"},
+  };
+  for (const auto& [a, b] : told_apart) {
+    EXPECT_NE(canonical(a), canonical(b)) << a << " and " << b << " are one payload";
+    EXPECT_NE(canonical(a).find(a), std::string::npos) << a << " is not taken as sent";
+  }
+  // Numbers a double holds exactly as sent keep the JSON reading: key order,
+  // spacing and the spelling of one value do not matter.
+  EXPECT_EQ(canonical(R"({"a":1.50,"b":2e3,"c":0.30000000000000004,"d":-0.0})"),
+            canonical(R"({ "d":-0e5, "c":30000000000000004e-17, "b":2000.0, "a":1.5 })"));
+  EXPECT_EQ(canonical(R"({"amount":18446744073709551615,"b":1})"),
+            canonical(R"({"b":1, "amount":18446744073709551615})"));
+  EXPECT_EQ(canonical(R"({"amount":1e20,"b":1})"),
+            canonical(R"({"b":1,"amount":100000000000000000000})"));
+  EXPECT_NE(canonical(R"({"a":1.5})"), canonical(R"({"a":1.25})"));
+}
+
 TEST(Identify, GivesTheRequestIdOrTheAnswerInTheDocumentedOrder) {
   const identify_options rules{"Idempotency-Key", true, 4};
   const auto ok = identify(json_post(R"({"a":1})"), "order-1", caller("tenant-1"), rules);
