@@ -514,8 +514,16 @@ void record_after_rpc(const after_rpc& w,
   const bool rpc_in_doubt = w.failure && w.failure->in_doubt();
   const phase_timer timed(w.c, w.ctx.shard, request_phase::record);
   // Returns whether the key was let go; false: it is held to the lease's end.
+  // A call that failed for a cause nobody classified (class internal: what
+  // the RPC threw, under the default config::unclassified) may have failed
+  // after its request went out: a reset after sending, an answer that did
+  // not parse. Recorded, it is a final failure (stuck, never paid twice);
+  // let go unrecorded, it must be marked like a success (found in review:
+  // it was released unmarked, and the retry charged at once, with no
+  // in-doubt window, at a gateway that does not deduplicate).
+  const bool outcome_unknown = !w.failure || w.failure->kind == error_class::internal;
   const auto leave = [&](std::string_view why) {
-    if (!w.failure && w.after_a_call) {
+    if (outcome_unknown && w.after_a_call) {
       // The call succeeded, and the record does not say so (found in
       // review: an operator's cancel, or resolve, was taken at once, and a
       // step that took money was neither recorded nor undone). The record
@@ -526,10 +534,12 @@ void record_after_rpc(const after_rpc& w,
       // unmarked (found in review). Unreleased, its lease runs out, and the
       // attempt that takes it over marks it in doubt.
       return mark_in_doubt_quietly(w.s, w.id, micros(w.c.in_doubt_window)) &&
-             release_quietly(
-                 w.s, w.id, w.owner,
-                 "the call succeeded, but recording its result failed: " + std::string(why), w.ctx,
-                 w.backoff_us, w.a.step());
+             release_quietly(w.s, w.id, w.owner,
+                             (w.failure ? "the call failed with an unknown outcome, and recording "
+                                          "it failed: "
+                                        : "the call succeeded, but recording its result failed: ") +
+                                 std::string(why),
+                             w.ctx, w.backoff_us, w.a.step());
     }
     if (!rpc_in_doubt)
       return release_quietly(w.s, w.id, w.owner, why, w.ctx, w.backoff_us, w.a.step());
@@ -1366,9 +1376,13 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
       f.id, f.number, f.started + config_.rpc_timeout,
       failed_step != nullptr ? failed_step->step() : std::string_view(f.progress.failed_step),
       f.ctx.runner == runner_completer, f.earlier_may_land_until);
+  // When this attempt's step has just failed, its failure goes with it: if
+  // the recording fails, a failure of unknown outcome is marked in doubt
+  // before the key is let go (record_after_rpc), as above.
   response r;
-  record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff_us(f.number),
-                    /*after_a_call=*/false},
+  record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a,
+                    failed_step != nullptr ? step_failure : no_failure, backoff_us(f.number),
+                    /*after_a_call=*/failed_step != nullptr},
                    [&](detail::record_tx& t, tx& handler_tx) {
                      r = f.flow.failed(handler_tx, a, failure);
                      return t.finish(f.id, f.owner, record_state::failed, r, reason_of(failure),

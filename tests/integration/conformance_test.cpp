@@ -2647,6 +2647,51 @@ TEST_P(Conformance, AnInDoubtRpcOutcomeKeepsTheLeaseAndTheRetryKnowsTheCallMayLa
   EXPECT_GT(may_land[1], asked) << "the held call's window (2 s after its lease) is not over";
 }
 
+// Found in review: an RPC that failed for a cause nobody classified (what it
+// threw: a reset after its request went out) is recorded as a final failure;
+// when that recording failed, the key was released unmarked, and the retry
+// ran at once with nothing earlier said to land: at a gateway that does not
+// deduplicate, a second charge while the first was still on its way. It is
+// marked in doubt before it is let go, as an unrecorded success is.
+TEST_P(Conformance, AnUnclassifiedRpcFailureThatCannotBeRecordedIsLetGoInDoubt) {
+  test::forwarding_store fs(*store_);
+  config cfg = short_backoff();
+  cfg.in_doubt_window = 5s;
+  manager m(fs, cfg);
+  const auto rid = id("unknown-outcome");
+  counters c;
+  fs.before_commit = [](int transaction, orpheus::transaction&) {
+    if (transaction == 1) throw storage_error::transient("injected: the record's COMMIT failed");
+  };
+  try {
+    pay(m, rid, c, [](const attempt&, const payment&) -> std::string {
+      throw std::runtime_error("connection reset by peer after the request was written");
+    });
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(e.info().message.find("same key"), std::string::npos) << e.info().message;
+  }
+  fs.before_commit = nullptr;
+  const auto left = store_->inspect(rid);
+  ASSERT_TRUE(left);
+  EXPECT_EQ(left->state, record_state::retryable);
+  EXPECT_GT(left->in_doubt_until_us, left->db_now_us + 3'000'000)
+      << "let go with nothing said to land: the retry would charge at once";
+  std::this_thread::sleep_for(50ms);  // past the backoff
+  std::chrono::steady_clock::time_point may_land{};
+  const auto asked = std::chrono::steady_clock::now();
+  EXPECT_EQ(pay(m, rid, c,
+                [&](const attempt& a, const payment&) -> std::string {
+                  may_land = a.earlier_may_land_until();
+                  return "ch_1";
+                })
+                .status,
+            201);
+  EXPECT_EQ(c.retries, (std::vector<bool>{false, true}));
+  EXPECT_GT(may_land, asked + 3s) << "the first call's window is not over";
+}
+
 // Issue 7.14: an RPC started after its deadline can outlive the lease and
 // overlap a take-over.
 TEST_P(Conformance, TheRpcIsNotStartedAfterItsDeadline) {
