@@ -75,8 +75,14 @@ gateway_answer bank_gateway::call(http_request req, std::chrono::milliseconds ti
     return {gateway_status::server_error, "", detail + " without saying the key is unknown"};
   }
   if (text("status") == "charged") return {gateway_status::charged, text("charge_id"), detail};
-  if (status == 402 || text("status") == "declined") {
-    return {gateway_status::declined, "", detail};
+  // A decline, too, only in the bank's own words (402 {"status":"declined"}).
+  // A bare 402 may come from a proxy or a gateway's quota page that never
+  // asked the bank; taken as a decline, a status query on a retry recorded
+  // a charge that had gone through as a final card_declined (found in
+  // review). Unknown instead: in doubt.
+  if (text("status") == "declined") return {gateway_status::declined, "", detail};
+  if (status == 402) {
+    return {gateway_status::server_error, "", detail + " without saying the card was declined"};
   }
   // Everything else through the wrapper's one mapping: a 409 (the charge is
   // still running there) or a 429 is not a refusal (issue 7.5). A 2xx that
@@ -136,7 +142,9 @@ std::string bank_gateway::step(const std::string& target, const std::string& key
     if (status >= 200 && status < 300 && !text(id_field).empty()) {
       answer = {gateway_status::charged, text(id_field), answer.detail};
     } else if (status == 402) {
-      answer.status = gateway_status::declined;
+      // Declined in the bank's words only, as in call().
+      answer.status =
+          text("status") == "declined" ? gateway_status::declined : gateway_status::server_error;
     } else if ((status == 404 && text("error") == "unknown authorisation") ||
                (status == 409 && !refused.empty() && text("error") == refused)) {
       // An unknown authorisation, or one voided (for a capture) or captured

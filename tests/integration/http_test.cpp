@@ -949,6 +949,39 @@ TEST(BankGateway, OnlyTheBanksOwnUnknownMeansNoCharge) {
   s.stop();
 }
 
+// Found in review: the example's gateway took any 402 for a decline, so a
+// proxy's or a quota page's bare 402 to the status query of a retry
+// recorded a charge that had gone through as a final card_declined (and to
+// a capture, turned a payment whose money was taken back into a void).
+// Only the bank's own "declined" is a decline.
+TEST(BankGateway, OnlyTheBanksOwnDeclineIsADecline) {
+  beast::server s(beast::server_options{}, [](http_request&& req, beast::responder respond) {
+    if (req["Idempotency-Key"] == "declined" ||
+        std::string(req.target()) == "/charges/said-declined") {
+      respond(beast::make_response(402, R"({"status":"declined","error":"card_declined"})",
+                                   "application/json"));
+    } else {
+      respond(beast::make_response(402, "Payment Required\n"));  // a proxy, not the bank
+    }
+  });
+  s.start();
+  auto bank = gateway_to(s, /*deduplicates=*/false);
+  const auto timeout = std::chrono::seconds(5);
+  using orpheus::payment::gateway_status;
+  EXPECT_EQ(bank.status("said-declined", timeout).status, gateway_status::declined);
+  EXPECT_EQ(bank.status("bare", timeout).status, gateway_status::server_error)
+      << "a bare 402 to the status query was read as the bank's decline";
+  const orpheus::payment::charge_request order{"p1", 100, "usd"};
+  EXPECT_EQ(bank.charge(order, "declined", timeout).status, gateway_status::declined);
+  EXPECT_EQ(bank.charge(order, "bare", timeout).status, gateway_status::server_error)
+      << "a bare 402 to a charge was read as the bank's decline";
+  EXPECT_FALSE(retryable([&] { (void)bank.capture("declined", "au_1", timeout); }));
+  EXPECT_EQ(failure_of([&] { (void)bank.capture("bare", "au_1", timeout); }),
+            orpheus::error_class::in_doubt)
+      << "a bare 402 to a capture was a refusal for good";
+  s.stop();
+}
+
 // Found in review: a step took any 404 for the bank's "unknown
 // authorisation", a refusal for good; a proxy's bare 404 to a capture turned
 // the payment back into a void and a final failure. Only the bank's words.

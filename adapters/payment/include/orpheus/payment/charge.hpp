@@ -72,9 +72,10 @@ enum class gateway_status {
 };
 
 /// The gateway_status of a gateway's HTTP status code, for adapters of HTTP
-/// gateways: 2xx charged, 402 declined, 404 not_found (for a status query,
-/// take it only with the gateway's own word that the key is unknown: see
-/// gateway::status()), 408 and 504 timeout,
+/// gateways: 2xx charged, 402 declined, 404 not_found (take these two only
+/// with the gateway's own word in the body, that the card was declined or
+/// the key is unknown: a proxy or a quota page on the way answers them bare,
+/// having asked nobody; see gateway::status()), 408 and 504 timeout,
 /// 409 and 425 in_progress, 429 throttled, 401 and 403 unauthorized, other
 /// 5xx and 421 (a server on the way, not the gateway) server_error, other 4xx
 /// invalid; anything else (1xx, 3xx) server_error, an unknown outcome. A
