@@ -1158,6 +1158,72 @@ TEST_F(Middleware, ARequestStillQueuedWhenTheStopBeginsIsAnsweredNotStarted) {
   EXPECT_FALSE(store_->read({"c1", "k-queued", std::string(64, '0')}));
 }
 
+// Found in review: run_blocking() answered past the observe hook (a GET,
+// its full-queue 503 included, was never counted), a GET still queued when
+// the drain began ran all the same, and a draining pool's refusal said
+// "overloaded". Each is answered, observed, with its own code.
+TEST_F(Middleware, BlockingWorkIsObservedAndNotStartedOnceTheStopBegins) {
+  m_ = std::make_unique<manager>(*store_);
+  work_pool pool(1, 1);
+  middleware_options o;
+  o.scope = [](const http_request&) { return std::optional<std::string>("c1"); };
+  std::mutex m;
+  std::vector<std::string> observed;  // "status code"
+  o.observe = [&](const http_request&, const http_response& res, std::chrono::microseconds) {
+    const auto body = nlohmann::json::parse(res.body(), nullptr, false);
+    std::lock_guard lock(m);
+    observed.push_back(std::to_string(res.result_int()) + " " +
+                       (body.is_object() ? body.value("code", "") : res.body()));
+  };
+  middleware mw(*m_, pool, std::move(o));
+  std::latch release(1);
+  std::latch started(1);
+  ASSERT_TRUE(pool.try_submit([&] {
+    started.count_down();
+    release.wait();  // the only worker is busy
+  }));
+  started.wait();
+  auto get = [] {
+    auto r = post("", "");
+    r.method(http::verb::get);
+    return r;
+  };
+  std::atomic<int> ran{0};
+  auto work = [&ran](const http_request&) {
+    ++ran;
+    return make_response(200, "found");
+  };
+  std::promise<http_response> queued;
+  mw.run_blocking(
+      get(), [&](http_response r) { queued.set_value(std::move(r)); }, work);
+  std::promise<http_response> full;
+  mw.run_blocking(
+      get(), [&](http_response r) { full.set_value(std::move(r)); }, work);
+  EXPECT_EQ(full.get_future().get().result_int(), 503U);
+  std::thread stopper([&] { pool.drain(); });
+  while (!pool.draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::promise<http_response> late;
+  mw.run_blocking(
+      get(), [&](http_response r) { late.set_value(std::move(r)); }, work);
+  std::promise<http_response> late_post;
+  mw.handle(
+      post("k-late", "{}"), [&](http_response r) { late_post.set_value(std::move(r)); },
+      [](tx&, const http_request&) { return 1; }, [](const attempt&, int) { return 1; },
+      [](tx&, const attempt&, const outcome<int>&) {
+        return response{201, {}, "paid"};
+      });
+  EXPECT_EQ(late.get_future().get().result_int(), 503U);
+  EXPECT_EQ(late_post.get_future().get().result_int(), 503U);
+  release.count_down();
+  const auto r = queued.get_future().get();
+  stopper.join();
+  EXPECT_EQ(r.result_int(), 503U) << r.body();
+  EXPECT_EQ(ran, 0) << "blocking work still queued when the stop began ran";
+  std::lock_guard lock(m);
+  EXPECT_EQ(observed, (std::vector<std::string>{"503 overloaded", "503 server_stopping",
+                                                "503 server_stopping", "503 server_stopping"}));
+}
+
 // Found in review: the media type was compared case-sensitively, so a final
 // problem sent as "Application/Problem+JSON" was taken as retryable.
 TEST(SaysFinal, ReadsTheMediaTypeInAnyCase) {

@@ -333,8 +333,15 @@ void middleware::start(const std::shared_ptr<pending>& p) {
   // so observe never saw it and the key was not echoed, unlike the 503 of
   // a wait that the draining pool refuses.
   if (!pool_.try_submit([this, p] { try_once(p); })) {
-    finish(*p, error_response(overloaded(), p->key_sent ? p->id.key : std::string()));
+    finish(*p, error_response(refused_by_pool(), p->key_sent ? p->id.key : std::string()));
   }
+}
+
+// Found in review: a pool that refuses a job because it is draining said
+// "too many requests queued" (overloaded), so a stop read as an overload
+// in metrics and logs. Both are retryable; the code says which.
+error_info middleware::refused_by_pool() const {
+  return pool_.draining() ? work_pool::draining_refusal() : overloaded();
 }
 
 // Found in review: what run_once() threw outside its own guards (an answer,
@@ -556,28 +563,42 @@ std::string middleware::retention_seconds() const {
       std::chrono::duration_cast<std::chrono::seconds>(manager_.settings().retention).count());
 }
 
-void middleware::submit(std::function<void()> job, const responder& respond) {
-  if (!pool_.try_submit(std::move(job))) {
-    respond(error_response(overloaded(), {}));
-  }
-}
-
+// Found in review: run_blocking() answered without the observe hook (a
+// GET, its 503s included, was never counted), and a job still queued when
+// the drain began ran all the same, where docs/http.md says nothing of such
+// a request runs. Every answer goes through finish_blocking(); a job checks
+// the drain before its work.
 void middleware::run_blocking(http_request&& req, const responder& respond,
                               std::function<http_response(const http_request&)> work) {
-  auto job = [this, req = std::move(req), respond, work = std::move(work)] {
-    const std::string where = "target=" + std::string(sv(req.target()));
+  struct call {
+    http_request req;
+    responder respond;
+    std::function<http_response(const http_request&)> work;
+    std::chrono::steady_clock::time_point started;
+  };
+  auto c = std::make_shared<call>(
+      call{std::move(req), respond, std::move(work), std::chrono::steady_clock::now()});
+  auto answer = [this](const call& to, http_response res) {
+    notify_observer(to.req, res, to.started);
+    to.respond(std::move(res));
+  };
+  auto job = [this, c, answer] {
+    if (pool_.draining()) return answer(*c, error_response(work_pool::draining_refusal(), {}));
+    const std::string where = "target=" + std::string(sv(c->req.target()));
+    std::optional<http_response> res;
     try {
-      respond(work(req));
+      res = c->work(c->req);
     } catch (const error& e) {
       log_internal(e.info(), where);
-      respond(error_response(e.info(), {}));
+      res = error_response(e.info(), {});
     } catch (...) {
       const error_info info = classify(std::current_exception(), manager_.settings().unclassified);
       log_internal(info, where);
-      respond(error_response(info, {}));
+      res = error_response(info, {});
     }
+    answer(*c, std::move(*res));
   };
-  submit(std::move(job), respond);
+  if (!pool_.try_submit(std::move(job))) answer(*c, error_response(refused_by_pool(), {}));
 }
 
 }  // namespace orpheus::beast

@@ -165,7 +165,9 @@ class middleware {
   void handle(http_request&& req, const responder& respond, Handler answer);
 
   /// Runs other blocking work (a GET that reads the database) on the pool,
-  /// with the same overload answer (503) when the queue is full.
+  /// with the same overload answer (503) when the queue is full, and the
+  /// same 503 server_stopping, without running `work`, for a job still
+  /// queued when the pool began to drain. Every answer is observed.
   void run_blocking(http_request&& req, const responder& respond,
                     std::function<http_response(const http_request&)> work);
 
@@ -216,7 +218,8 @@ class middleware {
                        std::chrono::steady_clock::time_point started) const noexcept;
   void log_internal(const error_info& e, std::string_view about) const;
   std::string retention_seconds() const;
-  void submit(std::function<void()> job, const responder& respond);
+  /// Why the pool refused a job: overloaded, or server_stopping once it drains.
+  [[nodiscard]] error_info refused_by_pool() const;
 
   manager& manager_;
   work_pool& pool_;
