@@ -169,6 +169,15 @@ TEST_P(Orpheusctl, ShowsListsCountsRequeuesAndResolves) {
                  "text/plain\r\nSet-Cookie: a=1", "--note", "x"})
                 .code,
             2);
+  // Found in review: a body that its Content-Type says is JSON, and is not,
+  // was recorded and replayed for good.
+  for (const char* type : {"application/json", "Application/Problem+JSON; charset=utf-8"}) {
+    EXPECT_EQ(ctl({"resolve", scope_, "waiting", "--status", "201", "--body", R"({"charge":)",
+                   "--content-type", type, "--note", "x"})
+                  .code,
+              2)
+        << type;
+  }
   EXPECT_EQ(store_->inspect(id("stuck"))->state, record_state::parked);
   EXPECT_EQ(store_->inspect(id("waiting"))->state, record_state::retryable);
 
@@ -345,6 +354,12 @@ TEST(OrpheusctlStore, RefusesAStoreThatIsNotMigratedAndCreatesNoFile) {
   // A bad key is bad usage (2), even when the database cannot be reached
   // (found in review: it was checked after opening the store).
   EXPECT_EQ(run_ctl("mysql://u:p@127.0.0.1:1/d", {"show", "s", " bad key"}).code, 2);
+  // So is a resolve without --status (found in review: exit 4, "retryable",
+  // after the connection failed).
+  const auto no_status =
+      run_ctl("mysql://u:p@127.0.0.1:1/d", {"resolve", "s", "k", "--note", "x"}, true);
+  EXPECT_EQ(no_status.code, 2) << no_status.out;
+  EXPECT_NE(no_status.out.find("--status is required"), std::string::npos) << no_status.out;
 }
 
 // The shard map: migrate refuses another order (bad input, 2: nothing

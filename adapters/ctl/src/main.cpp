@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <sqlite3.h>
@@ -175,6 +177,15 @@ struct arguments {
     return n;
   }
 };
+
+// Whether a Content-Type names JSON: application/json, or a +json type
+// (application/problem+json), with any parameters, in any case.
+bool names_json(std::string_view content_type) {
+  std::string type(content_type.substr(0, content_type.find(';')));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
+  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return type == "application/json" || type.ends_with("+json");
+}
 
 // 90s, 10m, 2h, 1d or 500ms, or 0: a unit is required (found in review: a
 // bare "10" was 10 milliseconds, where the usage shows 10m).
@@ -479,13 +490,23 @@ int run(const arguments& args) {
   }
   orpheus::response resolved;
   if (command == "resolve") {
-    // Checked before the cast (found in review: 2^32 + 201 became 201).
+    // Required here, before the store is opened (found in review: a
+    // missing --status was found by the library after connecting, and with
+    // the database down it said "retryable": run it again). Checked before
+    // the cast (found in review: 2^32 + 201 became 201).
+    (void)args.need("status");
     const std::int64_t status = args.number("status", 0, 200);
     if (status > 599) throw usage_failure("--status is 200..599");
     resolved.status = static_cast<int>(status);
     resolved.body = args.get("body").value_or("");
-    if (const auto ct = args.get("content-type"))
+    if (const auto ct = args.get("content-type")) {
+      // A body that says it is JSON and is not would be replayed, for good,
+      // to clients that parse it (found in review).
+      if (names_json(*ct) && !json::accept(resolved.body)) {
+        throw usage_failure("--body is not JSON, though --content-type says it is");
+      }
       resolved.headers.emplace_back("Content-Type", *ct);
+    }
   }
   const std::int64_t batch = args.number("batch", 1000, 1);
   if (args.positional.size() == 3) {  // a bad key is bad usage, whatever the database's state
