@@ -5,7 +5,8 @@
 ORPHEUS_PACKAGES=(build-essential cmake pkg-config libboost-dev libmysqlcppconn-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev libssl-dev
   prometheus-cpp-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  mariadb-server mariadb-client galera-4 rsync ninja-build)
+  mariadb-server mariadb-client galera-4 rsync ninja-build
+  locales)  # the unit tests build a decimal-comma locale with localedef
 # scripts/test's lint step (Debian 12: version 14 of both).
 # shellcheck disable=SC2034  # used by scripts/test and scripts/lint
 ORPHEUS_LINT_PACKAGES=(clang-format clang-tidy)

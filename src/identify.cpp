@@ -4,7 +4,7 @@
 #include "orpheus/identify.hpp"
 
 #include <algorithm>
-#include <cmath>
+#include <clocale>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -124,15 +124,18 @@ std::optional<decimal_value> decimal_of(std::string_view s) {
 
 // The checks that come before a JSON body is parsed for its fingerprint, by
 // SAX events (nothing is built): member names are counted (see below), and
-// a number that the parser would hold as a double of another decimal value
+// a number that the parser would not print back as the decimal value sent
 // stops the parse. nlohmann holds an integer beyond 64 bits, and every number
 // with a fraction or an exponent, as a double, so 100000000000000000001 and
 // 100000000000000000000 were one payload (both print as 1e+20), as were
-// 1.000000000000000001 and 1.0, 1e400 and null (found in review): a handler
-// that reads amounts as decimals, or as big integers, would have been handed
-// the second payload under the first one's key and answered with its replay.
-// A number is kept when the double prints (as dump() prints it) as the same
-// decimal value as sent: 1.50 is 1.5, 0.30000000000000004 is itself.
+// 1.000000000000000001 and 1.0, and 1e-400 and 0.0 (found in review): a
+// handler that reads amounts as decimals, or as big integers, would have been
+// handed the second payload under the first one's key and answered with its
+// replay. A number is kept when dump() prints its double as the same decimal
+// value as sent: 1.50 is 1.5, 0.30000000000000004 is itself. (dump() does not
+// always print the shortest text: 4.995e-24 prints as 4.9949999999999996e-24
+// and is taken as sent. A number out of a double's range is no JSON to
+// nlohmann: taken as sent before this.)
 class json_body_check final : public nlohmann::json::json_sax_t {
  public:
   std::size_t names_read = 0;
@@ -142,9 +145,13 @@ class json_body_check final : public nlohmann::json::json_sax_t {
   bool number_integer(number_integer_t) override { return true; }
   bool number_unsigned(number_unsigned_t) override { return true; }
   bool number_float(number_float_t value, const string_t& text) override {
-    if (!std::isfinite(value)) return false;
-    auto sent = decimal_of(text);
-    return sent && sent == decimal_of(nlohmann::json(value).dump());
+    // nlohmann's lexer writes the C locale's decimal point into the text it
+    // hands on (for strtod): "12,50" where LC_NUMERIC is de_DE (found in
+    // review: every decimal was taken as sent in such a process).
+    std::string sent = text;
+    if (decimal_point_ != '.') std::replace(sent.begin(), sent.end(), decimal_point_, '.');
+    const auto as_sent = decimal_of(sent);
+    return as_sent && as_sent == decimal_of(nlohmann::json(value).dump());
   }
   bool string(string_t&) override { return true; }
   bool binary(binary_t&) override { return true; }
@@ -159,6 +166,13 @@ class json_body_check final : public nlohmann::json::json_sax_t {
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
     return false;
   }
+
+ private:
+  // As nlohmann's lexer reads it (lexer.hpp: get_decimal_point()).
+  const char decimal_point_ = [] {
+    const std::lconv* c = std::localeconv();
+    return c == nullptr || c->decimal_point == nullptr ? '.' : *c->decimal_point;
+  }();
 };
 
 std::string canonical_body(std::string_view content_type, std::string_view body,

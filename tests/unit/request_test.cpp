@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <clocale>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
 #include <nlohmann/json.hpp>
 
 #include "../../src/pre_state.hpp"
@@ -260,8 +265,6 @@ TEST(Identify, NumbersADoubleCannotHoldAreNotMadeOnePayload) {
   const std::pair<std::string_view, std::string_view> told_apart[] = {
       {R"({"amount":100000000000000000001})", R"({"amount":100000000000000000000})"},
       {R"({"amount":1.000000000000000001})", R"({"amount":1.0})"},
-      {R"({"amount":1e400})", R"({"amount":null})"},
-      {R"({"amount":-1e400})", R"({"amount":null})"},
       {R"({"amount":1e-400})", R"({"amount":0.0})"},
       {R"({"amount":4.9e-324})", R"({"amount":5e-324})"},
       {R"({"amount":0.1000000000000000055511151231257827})", R"({"amount":0.1})"},
@@ -279,6 +282,35 @@ TEST(Identify, NumbersADoubleCannotHoldAreNotMadeOnePayload) {
   EXPECT_EQ(canonical(R"({"amount":1e20,"b":1})"),
             canonical(R"({"b":1,"amount":100000000000000000000})"));
   EXPECT_NE(canonical(R"({"a":1.5})"), canonical(R"({"a":1.25})"));
+}
+
+// Found in review of the test above's fix: nlohmann's lexer writes the C
+// locale's decimal point into the number text it hands on, "12,50" where
+// LC_NUMERIC is de_DE, and every decimal was then taken as sent. Built here
+// with localedef (Debian package locales, which scripts/test installs).
+TEST(Identify, NumbersReadTheSameUnderADecimalCommaLocale) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("orpheus-locale-" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  const std::string build =
+      "localedef -i de_DE -f UTF-8 '" + (dir / "de_DE.UTF-8").string() + "' >/dev/null 2>&1";
+  (void)std::system(build.c_str());  // its warnings set the exit code; setlocale() tells
+  const std::string body = R"({"amount":12.50,"fee":1e-3,"b":1})";
+  const std::string reordered = R"({"b":1, "fee":0.001, "amount":12.5})";
+  const std::string in_c = orpheus::canonical_request(json_post(body));
+  ASSERT_EQ(setenv("LOCPATH", dir.c_str(), 1), 0);
+  const bool set = std::setlocale(LC_NUMERIC, "de_DE.UTF-8") != nullptr;
+  const char point = *std::localeconv()->decimal_point;
+  const std::string in_de = orpheus::canonical_request(json_post(body));
+  const std::string in_de_reordered = orpheus::canonical_request(json_post(reordered));
+  std::setlocale(LC_NUMERIC, "C");
+  unsetenv("LOCPATH");
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(set) << "no de_DE.UTF-8: install the package locales (scripts/test does)";
+  ASSERT_EQ(point, ',');
+  EXPECT_EQ(in_de, in_c);
+  EXPECT_EQ(in_de_reordered, in_c);
+  EXPECT_NE(in_c.find("json:"), std::string::npos) << in_c;
 }
 
 TEST(Identify, GivesTheRequestIdOrTheAnswerInTheDocumentedOrder) {
