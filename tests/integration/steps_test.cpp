@@ -18,6 +18,7 @@
 #include "orpheus/manager.hpp"
 #include "orpheus/steps.hpp"
 #include "support/backends.hpp"
+#include "support/forwarding_store.hpp"
 #include "support/race.hpp"
 
 namespace orpheus {
@@ -425,6 +426,51 @@ TEST_P(Steps, AnUnclassifiedFailureAfterThePivotIsHeldInDoubt) {
   std::this_thread::sleep_for(quick().lease);
   EXPECT_EQ(run(m, id("k1"), f).status, 201);
   EXPECT_EQ(bank.log(), (strings{"authorise#1", "capture#1", "payout#1", "payout#2"}));
+  ASSERT_EQ(may_land_for.size(), 2U);
+  EXPECT_GT(may_land_for[1], std::chrono::seconds(60)) << "the in-doubt window (5 min)";
+}
+
+// Found in review: a step up to the pivot that failed for an unclassified
+// cause (what it threw: a reset after its request went out) is recorded as
+// the request's failure; when that recording failed, the key was let go with
+// no in-doubt window, and the retry sent the step again at once, believing a
+// "never received" about a call that could still land.
+TEST_P(Steps, AnUnclassifiedStepFailureThatCannotBeRecordedIsLetGoInDoubt) {
+  test::forwarding_store fs(*store_);
+  manager m(fs, quick());
+  fake_bank bank;
+  std::vector<std::chrono::steady_clock::duration> may_land_for;  // per attempt
+  const steps<order> f = [&] {
+    steps<order> g;
+    g.step("capture", [&](const attempt& a, const order&, const step_results&) {
+       may_land_for.push_back(a.earlier_may_land_until() - std::chrono::steady_clock::now());
+       auto r = bank.call("capture", a);
+       if (a.number() == 1) throw std::runtime_error("connection reset after the request went out");
+       return r;
+     }).pivot();
+    g.respond([](tx&, const attempt&, const order&, const step_results&) {
+      return response{201, {}, "paid"};
+    });
+    return g;
+  }();
+  fs.before_commit = [](int transaction, orpheus::transaction&) {
+    // 0: the key's claim; 1: the failure's record.
+    if (transaction == 1) throw storage_error::transient("injected: the record's COMMIT failed");
+  };
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+  }
+  fs.before_commit = nullptr;
+  const auto left = store_->inspect(id("k1"));
+  ASSERT_TRUE(left);
+  EXPECT_EQ(left->state, record_state::retryable);
+  EXPECT_GT(left->in_doubt_until_us, left->db_now_us + 60'000'000)
+      << "let go with nothing said to land: the retry would send the step at once";
+  std::this_thread::sleep_for(20ms);  // past the backoff
+  EXPECT_EQ(run(m, id("k1"), f).status, 201);
   ASSERT_EQ(may_land_for.size(), 2U);
   EXPECT_GT(may_land_for[1], std::chrono::seconds(60)) << "the in-doubt window (5 min)";
 }
