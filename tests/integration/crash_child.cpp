@@ -63,7 +63,7 @@ void ledger_charge(const std::string& ledger, const std::string& key) {
 int main(int argc, char** argv) {
   const std::string flow_kind = argc == 7 ? argv[6] : "";
   if (argc != 6 && !(argc == 7 && (flow_kind == "steps" || flow_kind == "declined"))) {
-    std::cerr << "usage: crash_child STORE SCOPE KEY LEDGER CRASH_AT [steps | declined]\n";
+    std::cerr << "usage: crash_child STORE SCOPE KEY LEDGER CRASH_AT|row [steps | declined]\n";
     return 2;
   }
   const bool with_steps = argc == 7;
@@ -88,6 +88,18 @@ int main(int argc, char** argv) {
         "CREATE TABLE IF NOT EXISTS crash_payments (id VARCHAR(255) PRIMARY KEY, "
         "result VARCHAR(64))");
     t->commit();
+  }
+  if (crash_at == "row") {  // what Post-RPC (or the last step's SQL) left in the payment's row
+    const std::string pid = id.scope + "/" + id.key;
+    auto t = store->begin_on_shard(store->shard_of(id));
+    const auto rows = t->query("SELECT result FROM crash_payments WHERE id = ?", pid);
+    t->commit();
+    std::cout << "ROW "
+              << (rows.empty()         ? "<none>"
+                  : rows[0].is_null(0) ? "<null>"
+                                       : rows[0].get<std::string>(0))
+              << std::endl;
+    return 0;
   }
 
   orpheus::config cfg;

@@ -66,6 +66,15 @@ class Crash : public testing::TestWithParam<crash_case> {
     return n;
   }
   int charges() const { return lines_of(ledger_); }
+  // What the application's row says, read by a child ("ROW charged"): the
+  // Post-RPC SQL commits with the record, or neither does (found in review:
+  // nothing read it, so a record committed without its Post-RPC passed).
+  std::string app_row() const {
+    test::child_process reader(args("row"));
+    const auto line = reader.read_line(std::chrono::seconds(30)).value_or("<nothing>");
+    EXPECT_EQ(reader.wait(), 0) << line;
+    return line;
+  }
 
   // Kills a child at the crash point, then retries from new processes until
   // one gets an answer; returns that answer.
@@ -147,6 +156,7 @@ TEST_P(Crash, KilledProcessIsRetriedToExactlyOneCharge) {
               "STATUS 201 REPLAYED 1 RETRY 0");
     EXPECT_EQ(again.wait(), 0);
     EXPECT_EQ(charges(), 3);
+    EXPECT_EQ(app_row(), "ROW notify") << "the last step's SQL did not commit with its record";
     return;
   }
   {
@@ -191,6 +201,7 @@ TEST_P(Crash, KilledProcessIsRetriedToExactlyOneCharge) {
             "STATUS 201 REPLAYED 1 RETRY 0");
   EXPECT_EQ(again.wait(), 0);
   EXPECT_EQ(charges(), 1);
+  EXPECT_EQ(app_row(), "ROW charged");
 }
 
 std::vector<crash_case> all_cases() {

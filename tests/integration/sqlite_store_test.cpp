@@ -1084,6 +1084,11 @@ TEST(SqliteStore, ADecisionReadFromALostBatchIsNotAnswered) {
     return b.get();
   });
   const auto rec = f.s.inspect(f.rid);
+  // The batch was lost (found in review: nothing checked it, so a run where
+  // it was not lost passed without the path), and B, which read A's record
+  // in it, hears that: retryable, no answer.
+  EXPECT_EQ(f.s.writer_stats().failed_batches, 1U);
+  EXPECT_FALSE(rb) << "B answered from a batch that was lost";
   if (rb && rb->replayed) {
     EXPECT_EQ(rec->state, record_state::succeeded)
         << "B answered a replay of a record that was never committed";
