@@ -25,7 +25,9 @@
 #include <thread>
 #include <vector>
 
+#include "orpheus/codes.hpp"
 #include "orpheus/log.hpp"
+#include "orpheus/problem.hpp"
 
 namespace orpheus::beast {
 
@@ -66,6 +68,27 @@ http_response make_response(unsigned status, std::string body, const std::string
   r.prepare_payload();
   return r;
 }
+
+// What a handler that threw, or whose answer could not be framed, is
+// answered (found in review: a bare text 500 said nothing of a retry):
+// problem+json, retryable and in doubt, since the handler may have acted; a
+// client sends it again only with the same idempotency key.
+namespace {
+http_response handler_failed() {
+  const error_info e = error_info::of(error_class::in_doubt, codes::unclassified,
+                                      "the request's handler failed and may have carried it "
+                                      "out; send it again only with the same idempotency key")
+                           .with_http_status(500);
+  const response p = problem_response(e);
+  http_response r{static_cast<http::status>(p.status), 11};
+  for (const auto& [name, value] : p.headers) r.set(name, value);
+  r.set(http::field::retry_after, std::to_string((announced_retry_after(e).count() + 999) / 1000));
+  r.body() = p.body;
+  r.keep_alive(false);
+  r.prepare_payload();
+  return r;
+}
+}  // namespace
 
 http_response drop_connection() {
   http_response r;
@@ -331,9 +354,7 @@ class session : public std::enable_shared_from_this<session> {
       owner_->on_request(std::move(req), respond);
     } catch (...) {
       // A throwing handler must not take the io thread (and the server) down.
-      auto r = make_response(500, "internal error\n");
-      r.keep_alive(false);
-      respond(std::move(r));
+      respond(handler_failed());
     }
   }
 
@@ -346,9 +367,7 @@ class session : public std::enable_shared_from_this<session> {
     if (!framed(*res, head_)) {
       // Found in review: Beast's prepare_payload() threw on an io thread,
       // which took the process down.
-      *res = make_response(500, "internal error\n");
-      res->keep_alive(false);
-      res->prepare_payload();
+      *res = handler_failed();
     }
     stream_.expires_after(owner_->options.read_timeout);
     http::async_write(stream_, *res,

@@ -44,7 +44,9 @@
 // answer (Content-Length): the body of a 204 or 304 answer is dropped, as
 // HTTP has no room for it; a 1xx, which is never a final answer, becomes a
 // 500 with the connection closed; and an answer to HEAD goes out as its
-// headers alone.
+// headers alone. Both 500s are problem+json, code unclassified_error,
+// "retryable": true and "in_doubt": true, with Retry-After: the handler may
+// have acted, so a client sends the request again only with its key.
 #pragma once
 
 #include <boost/beast/http/message.hpp>
