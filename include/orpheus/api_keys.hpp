@@ -46,8 +46,9 @@ class api_keys {
   /// separated by spaces or tabs; blank lines and lines starting with `#`
   /// are skipped; a line may end in CR LF. A key is a token68 of
   /// min_key_bytes to max_key_bytes; one client may have several keys (to
-  /// rotate them); a key may appear once. Anything else throws config_error
-  /// naming the line, never the key; so does a table without keys.
+  /// rotate them); a key may appear once, its '=' padding aside (`k` and
+  /// `k==` are one key). Anything else throws config_error naming the line,
+  /// never the key; so does a table without keys.
   [[nodiscard]] static api_keys parse(std::string_view text);
 
   /// parse() of the file at `path`; config_error naming the path when it

@@ -74,6 +74,11 @@ TEST(ApiKeys, RefusesABadTableNamingTheLineNotTheKey) {
            bad_table{a + " shop/1\n", "line 1: the client must be"},
            bad_table{a + " " + std::string(129, 'c') + "\n", "line 1: the client must be"},
            bad_table{a + " shop-1\n#\n" + a + " shop-2\n", "line 3: the same key as line 1"},
+           // Found in review: one secret to a base64 reader, two callers here.
+           bad_table{a + " shop-1\n" + a + "== shop-2\n",
+                     "line 2: the same key as line 1 but for its '=' padding"},
+           bad_table{a + "= shop-1\n" + a + " shop-2\n",
+                     "line 2: the same key as line 1 but for its '=' padding"},
        }) {
     try {
       (void)api_keys::parse(text);
