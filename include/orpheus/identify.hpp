@@ -46,9 +46,9 @@ struct request_text {
 /// first), or holds a number that the parser, holding it as a double,
 /// does not print back as the decimal value sent (an integer beyond 64 bits,
 /// 1.000000000000000001, 1e-400; rarely, a number whose double it prints
-/// with more digits, 4.995e-24): then it is taken as it is. A form body (application/x-www-form-urlencoded) has its
-/// fields ordered by decoded name; a repeated field keeps the order it was sent in. Any other body
-/// is taken byte for byte.
+/// with more digits, 4.995e-24): then it is taken as it is. A form body
+/// (application/x-www-form-urlencoded) has its fields ordered by decoded name; a repeated field
+/// keeps the order it was sent in. Any other body is taken byte for byte.
 [[nodiscard]] std::string canonical_request(const request_text& r, std::size_t max_json_depth = 64);
 
 /// Whether `content_type` names JSON (application/json, any parameters).
