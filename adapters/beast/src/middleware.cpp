@@ -49,12 +49,6 @@ std::optional<std::string> joined_field(const http_request& req, std::string_vie
   return value;
 }
 
-// RFC 9110, section 9.2.2: a client may send these again on its own.
-bool idempotent_by_http(http::verb v) {
-  return v == http::verb::get || v == http::verb::head || v == http::verb::options ||
-         v == http::verb::trace || v == http::verb::put || v == http::verb::delete_;
-}
-
 // What a request sent without a key (where none is required) is told when
 // process() failed in a way a keyed one would retry. Its key was made up
 // and never sent back, so "retry with the same key" cannot be followed: a

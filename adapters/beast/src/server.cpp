@@ -69,21 +69,40 @@ http_response make_response(unsigned status, std::string body, const std::string
   return r;
 }
 
+bool idempotent_by_http(http::verb v) {
+  return v == http::verb::get || v == http::verb::head || v == http::verb::options ||
+         v == http::verb::trace || v == http::verb::put || v == http::verb::delete_;
+}
+
 // What a handler that threw, or whose answer could not be framed, is
 // answered (found in review: a bare text 500 said nothing of a retry):
-// problem+json, retryable and in doubt, since the handler may have acted; a
-// client sends it again only with the same idempotency key.
+// problem+json, in doubt, since the handler may have acted. A request HTTP
+// lets a client send again (GET, PUT, ...) is retryable; any other is final,
+// as the middleware answers an unkeyed POST: this server does not know
+// whether a key was sent, and one sent again without it runs again (found
+// in the review of the first version, which said retryable to every method).
 namespace {
-http_response handler_failed() {
-  const error_info e = error_info::of(error_class::in_doubt, codes::unclassified,
-                                      "the request's handler failed and may have carried it "
-                                      "out; send it again only with the same idempotency key")
-                           .with_http_status(500);
+http_response handler_failed(http::verb method) {
+  const bool again = idempotent_by_http(method);
+  const error_info e =
+      again ? error_info::of(error_class::in_doubt, codes::unclassified,
+                             "the request's handler failed and may have carried it out; "
+                             "send it again")
+                  .with_http_status(500)
+            : error_info::of(error_class::internal, codes::unclassified,
+                             "the request's handler failed and may have carried it out; "
+                             "send it again only with the same idempotency key, never without "
+                             "one or under a new one");
   const response p = problem_response(e);
   http_response r{static_cast<http::status>(p.status), 11};
   for (const auto& [name, value] : p.headers) r.set(name, value);
-  r.set(http::field::retry_after, std::to_string((announced_retry_after(e).count() + 999) / 1000));
-  r.body() = p.body;
+  auto body = nlohmann::json::parse(p.body);
+  body["in_doubt"] = true;
+  r.body() = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (again) {
+    r.set(http::field::retry_after,
+          std::to_string((announced_retry_after(e).count() + 999) / 1000));
+  }
   r.keep_alive(false);
   r.prepare_payload();
   return r;
@@ -334,11 +353,13 @@ class session : public std::enable_shared_from_this<session> {
       auto r = make_response(400, "trailer fields are not accepted\n");
       r.keep_alive(parser_->get().keep_alive());
       head_ = parser_->get().method() == http::verb::head;
+      method_ = parser_->get().method();
       return write(std::move(r));
     }
     http_request req = parser_->release();
     const bool keep_alive = req.keep_alive();
     head_ = req.method() == http::verb::head;
+    method_ = req.method();
     // The handler may answer later from another thread: hop back onto this
     // connection's strand to write. Exactly one answer is written, even if
     // the handler throws after handing its responder on.
@@ -354,7 +375,7 @@ class session : public std::enable_shared_from_this<session> {
       owner_->on_request(std::move(req), respond);
     } catch (...) {
       // A throwing handler must not take the io thread (and the server) down.
-      respond(handler_failed());
+      respond(handler_failed(method_));
     }
   }
 
@@ -367,7 +388,7 @@ class session : public std::enable_shared_from_this<session> {
     if (!framed(*res, head_)) {
       // Found in review: Beast's prepare_payload() threw on an io thread,
       // which took the process down.
-      *res = handler_failed();
+      *res = handler_failed(method_);
     }
     stream_.expires_after(owner_->options.read_timeout);
     http::async_write(stream_, *res,
@@ -429,6 +450,7 @@ class session : public std::enable_shared_from_this<session> {
   std::size_t header_fields_ = 0;             // fields in the header block, trailers not yet read
   bool served_one_ = false;                   // a new connection has nothing to be idle about
   bool head_ = false;                         // the request being answered is a HEAD
+  http::verb method_ = http::verb::get;       // ... and its method
   std::atomic<std::int64_t> idle_since_{-1};  // see idle_since()
   bool closing_ = false;                      // close() ran: nothing more is read
   bool unread_ = false;                       // refused before its end: linger() after the answer

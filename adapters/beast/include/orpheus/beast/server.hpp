@@ -45,8 +45,10 @@
 // HTTP has no room for it; a 1xx, which is never a final answer, becomes a
 // 500 with the connection closed; and an answer to HEAD goes out as its
 // headers alone. Both 500s are problem+json, code unclassified_error,
-// "retryable": true and "in_doubt": true, with Retry-After: the handler may
-// have acted, so a client sends the request again only with its key.
+// "in_doubt": true (the handler may have acted), and "retryable": true with
+// Retry-After for a method HTTP lets a client send again
+// (idempotent_by_http()), false for any other: this server does not know
+// whether a key was sent.
 #pragma once
 
 #include <boost/beast/http/message.hpp>
@@ -112,6 +114,10 @@ http_response drop_connection();
 [[nodiscard]] constexpr bool retry_later_status(unsigned status) noexcept {
   return status == 429 || (status >= 500 && status != 501);
 }
+
+/// RFC 9110, section 9.2.2: GET, HEAD, OPTIONS, TRACE, PUT and DELETE, which
+/// a client may send again on its own.
+[[nodiscard]] bool idempotent_by_http(boost::beast::http::verb v);
 
 /// True when `res` is application/problem+json whose "retryable" member is
 /// the JSON boolean false: the server recorded it as final, whatever its
