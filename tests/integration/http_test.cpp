@@ -734,13 +734,16 @@ TEST_P(Http, SigtermUnderLoadExitsCleanlyAndKeepsEveryAnsweredPayment) {
           if (res.result_int() / 100 == 2) {
             succeeded.emplace_back(key, res.body());
             ++answered;
-          } else {
+          } else {  // 503 server_stopping: this client sends no new payment
             unanswered.emplace_back(key, 100 + i);
+            return;
           }
         } catch (const beast::transport_error&) {  // the server went away
-          std::lock_guard lock(m);
-          unanswered.emplace_back(key, 100 + i);
-          if (stop) return;
+          {
+            std::lock_guard lock(m);
+            unanswered.emplace_back(key, 100 + i);
+          }
+          return;  // the server went away: this client sends no new payment
         }
       }
     });
