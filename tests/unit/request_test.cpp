@@ -3,6 +3,7 @@
 #include <clocale>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -298,13 +299,20 @@ TEST(Identify, NumbersReadTheSameUnderADecimalCommaLocale) {
   const std::string body = R"({"amount":12.50,"fee":1e-3,"b":1})";
   const std::string reordered = R"({"b":1, "fee":0.001, "amount":12.5})";
   const std::string in_c = orpheus::canonical_request(json_post(body));
+  const char* callers_locpath = std::getenv("LOCPATH");
+  const std::optional<std::string> saved =
+      callers_locpath != nullptr ? std::optional<std::string>(callers_locpath) : std::nullopt;
   ASSERT_EQ(setenv("LOCPATH", dir.c_str(), 1), 0);
   const bool set = std::setlocale(LC_NUMERIC, "de_DE.UTF-8") != nullptr;
   const char point = *std::localeconv()->decimal_point;
   const std::string in_de = orpheus::canonical_request(json_post(body));
   const std::string in_de_reordered = orpheus::canonical_request(json_post(reordered));
   std::setlocale(LC_NUMERIC, "C");
-  unsetenv("LOCPATH");
+  if (saved) {
+    setenv("LOCPATH", saved->c_str(), 1);
+  } else {
+    unsetenv("LOCPATH");
+  }
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(set) << "no de_DE.UTF-8: install the package locales (scripts/test does)";
   ASSERT_EQ(point, ',');
