@@ -1080,6 +1080,17 @@ TEST_F(Middleware, RefusesARetentionOfItsOwn) {
   EXPECT_THROW(middleware(*m_, pool, std::move(o)), config_error);
 }
 
+// Keeps the only worker of `pool` busy until `release` is counted down;
+// returns once it is.
+void hold_the_only_worker(work_pool& pool, std::latch& release) {
+  auto started = std::make_shared<std::latch>(1);  // the job may outlive this frame's wait
+  ASSERT_TRUE(pool.try_submit([started, &release] {
+    started->count_down();
+    release.wait();
+  }));
+  started->wait();
+}
+
 TEST_F(Middleware, AFullQueueAnswers503RetryableAtOnce) {
   m_ = std::make_unique<manager>(*store_);
   work_pool pool(1, 1);
@@ -1091,12 +1102,7 @@ TEST_F(Middleware, AFullQueueAnswers503RetryableAtOnce) {
   };
   middleware mw(*m_, pool, std::move(o));
   std::latch release(1);
-  std::latch started(1);
-  ASSERT_TRUE(pool.try_submit([&] {
-    started.count_down();
-    release.wait();  // the only worker is busy
-  }));
-  started.wait();
+  ASSERT_NO_FATAL_FAILURE(hold_the_only_worker(pool, release));
   ASSERT_TRUE(pool.try_submit([] {}));  // the queue (of 1) is now full
   int rpc = 0;
   const auto r = call(mw, post("k-full", "{}"), &rpc);
@@ -1177,12 +1183,7 @@ TEST_F(Middleware, BlockingWorkIsObservedAndNotStartedOnceTheStopBegins) {
   };
   middleware mw(*m_, pool, std::move(o));
   std::latch release(1);
-  std::latch started(1);
-  ASSERT_TRUE(pool.try_submit([&] {
-    started.count_down();
-    release.wait();  // the only worker is busy
-  }));
-  started.wait();
+  ASSERT_NO_FATAL_FAILURE(hold_the_only_worker(pool, release));
   auto get = [] {
     auto r = post("", "");
     r.method(http::verb::get);
