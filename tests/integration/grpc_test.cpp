@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -87,6 +88,10 @@ class Grpc : public testing::TestWithParam<std::string> {
     std::vector<std::string> bank{ORPHEUS_BINARY_DIR "/examples/bank_simulator"};
     bank.insert(bank.end(), bank_flags.begin(), bank_flags.end());
     ASSERT_NO_FATAL_FAILURE(bank_.start(bank));
+    ASSERT_NO_FATAL_FAILURE(start_server(std::move(server_flags)));
+  }
+  // The payments server alone (again, on the same store, after a kill).
+  void start_server(const std::vector<std::string>& server_flags) {
     std::vector<std::string> server{ORPHEUS_BINARY_DIR "/examples/payments_grpc_server",
                                     "--bank",
                                     "http://127.0.0.1:" + std::to_string(bank_.port),
@@ -263,13 +268,15 @@ TEST(PaymentsGrpcServer, BadFlagsExitTwoAndWriteNothing) {
       {"--bank", "localhost:9000"},
       {"--bank", "http://h:1/x"},
       {"--bank", "http://127.0.0.1:9", "--lease-ms", "5000"},
+      {"--bank", "http://127.0.0.1:9", "--bank-dedup", "maybe"},
+      {"--bank", "http://127.0.0.1:9", "--in-doubt-window-ms", "0"},
   };
   for (const auto& extra : refused) {
     std::vector<std::string> argv{ORPHEUS_BINARY_DIR "/examples/payments_grpc_server", "--store",
                                   db, "--api-keys", (dir / "api-keys").string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     test::child_process server(argv);
-    EXPECT_EQ(server.wait(), 2) << extra[0] << " " << extra[1];
+    EXPECT_EQ(server.wait(), 2) << extra[extra.size() - 2] << " " << extra.back();
     EXPECT_FALSE(std::filesystem::exists(dir / "x.db")) << extra[1] << " created the store";
   }
   std::filesystem::remove_all(dir);
@@ -945,6 +952,49 @@ TEST_P(Grpc, ADeclineIsRecordedAndReplayedAsFailedPrecondition) {
   // Found in review: the payments row stayed 'pending' on a decline.
   EXPECT_EQ(payment_states(), std::vector<std::string>{"card_declined"});
   EXPECT_EQ(ledger()["charges"], 0);
+}
+
+// Found in review: payments_grpc_server always told its gateway that the
+// bank deduplicates, so at a bank that does not (bank_simulator --dedup off)
+// the retry after a crash found no charge while the first was still on its
+// way, and charged again. With --bank-dedup off the retry waits until the
+// first call can no longer land (its lease, then --in-doubt-window-ms), and
+// then finds its charge.
+TEST_P(Grpc, ARetryAfterACrashAtABankThatDoesNotDeduplicateChargesOnce) {
+  const std::vector<std::string> flags{"--lease-ms",   "2000", "--rpc-timeout-ms",     "1500",
+                                       "--bank-dedup", "off",  "--in-doubt-window-ms", "4000"};
+  ASSERT_NO_FATAL_FAILURE(start({"--dedup", "off", "--latency-ms", "3000"}, flags));
+  std::jthread first_call([&] { (void)call("slow-key", 4500); });  // cut off by the kill
+  // Killed once the charge is on its way, before the bank makes it.
+  for (int i = 0; i < 250 && ledger()["charge_requests"] == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(ledger()["charge_requests"], 1) << "the charge was never sent";
+  server_.proc->kill_hard();
+  first_call.join();
+  ASSERT_EQ(ledger()["charges"], 0) << "the bank charged before its latency ended";
+
+  ASSERT_NO_FATAL_FAILURE(start_server(flags));  // same store, new process
+  // A client that waits as each answer says (an earlier_charge_may_land
+  // answer's delay is the time left until the first call can no longer land).
+  answer a;
+  bool told_to_wait = false;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < give_up) {
+    a = call("slow-key", 4500);
+    if (a.status.ok() || !orpheus::grpc::may_retry(a.status)) break;
+    told_to_wait = told_to_wait || reason_of(a.status) == "earlier_charge_may_land";
+    std::this_thread::sleep_for(
+        std::clamp(orpheus::grpc::retry_delay_of(a.status).value_or(std::chrono::milliseconds(100)),
+                   std::chrono::milliseconds(20), std::chrono::milliseconds(5000)));
+  }
+  EXPECT_TRUE(told_to_wait) << "the retry did not meet the first call's window";
+  EXPECT_TRUE(a.status.ok()) << a.status.error_code() << " " << a.status.error_message();
+  EXPECT_EQ(a.reply.status(), "succeeded");
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // any second charge would land
+  const auto l = ledger();
+  EXPECT_EQ(l["charges"], 1) << "charged twice";
+  EXPECT_EQ(l["double_charges"], 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Grpc, testing::Values("sqlite", "mysql"), test::backend_name);
