@@ -73,6 +73,17 @@ prepared_request::prepared_request(http::verb method, std::string target, std::s
   // server would refuse (issue 9, fuzzing: " k" reached the server as "k").
   if (auto why = invalid_key_reason(key_)) throw std::invalid_argument(*why);
   if (auto why = unsendable_reason(target_, headers_)) throw std::invalid_argument(*why);
+  // What Beast cannot frame (an unknown method, a TRACE with a body) is
+  // refused here too, not by send()'s first attempt with a bare exception
+  // (found in review). Beast's own rule, by building the message once;
+  // Beast would write verb::unknown as "<unknown>".
+  if (method_ == http::verb::unknown) throw std::invalid_argument("the request has no method");
+  try {
+    (void)message("Idempotency-Key");
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(std::string("the request cannot be framed as HTTP/1.1: ") +
+                                e.what());
+  }
 }
 
 http_request prepared_request::message(const std::string& key_header) const {
@@ -152,6 +163,16 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
     if (o_.on_attempt) o_.on_attempt(info);
     return std::nullopt;
   };
+  // A final answer that says it is in doubt (the server's 500 for a handler
+  // that threw, perhaps after it charged) does not say what became of the
+  // request either (found in review: it was settled(), and pay_client
+  // forgot the key of a payment that may have gone through). A replay is
+  // the server's record, final as it is.
+  if (!retryable(info.kind) && info.status != 0 && !result_.replayed &&
+      beast::says_in_doubt(*result_.response)) {
+    result_.earlier_attempt_in_doubt = true;
+    req_.may_have_been_sent();
+  }
   if (!retryable(info.kind)) {
     o_.budget->on_success();
     return stop(stop_reason::answered);
