@@ -1,10 +1,10 @@
 // The algorithm of docs/state-machine.md. Read this file top to bottom: run() is the
 // whole story, the helpers below it are its steps.
 #include "orpheus/manager.hpp"
+#include "orpheus/detail/ascii.hpp"
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <exception>
 #include <limits>
 #include <random>
@@ -1399,9 +1399,8 @@ std::int64_t manager::backoff_us(int attempts) const {
 }
 
 void manager::add_handler(std::string name, int version, registered_handler h) {
-  if (name.empty() || name.size() > 64 ||
-      !std::all_of(name.begin(), name.end(), [](unsigned char c) {
-        return std::isalnum(c) != 0 || c == '_' || c == '-' || c == '.';
+  if (name.empty() || name.size() > 64 || !std::all_of(name.begin(), name.end(), [](char c) {
+        return detail::is_ascii_alnum(c) || c == '_' || c == '-' || c == '.';
       })) {
     throw config_error("a handler name is 1 to 64 characters of A-Z a-z 0-9 _ - .");
   }

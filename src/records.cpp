@@ -2,9 +2,9 @@
 // Each statement is built from the backend's dialect when the store opens;
 // states are written from record_state, never as bare numbers.
 #include "orpheus/detail/records.hpp"
+#include "orpheus/detail/ascii.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -388,9 +388,9 @@ bool record_tx::mark_in_doubt(const request_id& id, std::string_view owner, std:
 }
 
 bool sendable_field(std::string_view name, std::string_view value, std::size_t max_value) noexcept {
-  const bool name_ok = !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-    return std::isalnum(c) != 0 ||
-           std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
+  const bool name_ok = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return detail::is_ascii_alnum(c) ||
+           std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
   });
   return name_ok && value.size() <= max_value &&
          std::none_of(value.begin(), value.end(),

@@ -1,19 +1,19 @@
 #include "sql_guard.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 
+#include "orpheus/detail/ascii.hpp"
 #include "orpheus/error.hpp"
 
 namespace orpheus::detail {
 namespace {
 
-char upper(char c) { return static_cast<char>(std::toupper(static_cast<unsigned char>(c))); }
-bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
-bool is_word_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '$';
-}
+// ASCII only, whatever the process's locale (found in review: under
+// tr_TR.UTF-8 std::toupper('i') is 'i', and "commit" went through as COMMiT).
+char upper(char c) { return ascii_upper(c); }
+bool is_space(char c) { return is_ascii_space(c); }
+bool is_word_char(char c) { return is_ascii_alnum(c) || c == '_' || c == '$'; }
 
 /// How a dialect reads "--": MySQL and MariaDB as a comment only before a
 /// space or a control character ("--1" is minus minus one), SQLite always.
@@ -78,9 +78,8 @@ std::string normalize(std::string_view sql, dashes rule) {
 /// quotes. Searched only for savepoint statements, without a copy.
 bool names_writer_savepoint(std::string_view raw) {
   constexpr std::string_view name = "orpheus_member";
-  return std::search(raw.begin(), raw.end(), name.begin(), name.end(), [](char a, char b) {
-           return std::tolower(static_cast<unsigned char>(a)) == b;
-         }) != raw.end();
+  return std::search(raw.begin(), raw.end(), name.begin(), name.end(),
+                     [](char a, char b) { return ascii_lower(a) == b; }) != raw.end();
 }
 
 /// The next word of `n` from `i` (skipping spaces and, before the first

@@ -1,8 +1,8 @@
 // Multi-step requests: the checks of a flow, and its recovery point's form.
 #include "orpheus/steps.hpp"
+#include "orpheus/detail/ascii.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <set>
 #include <utility>
 
@@ -15,8 +15,8 @@ void detail::validate_steps(const std::vector<std::string>& names, bool has_resp
   if (names.empty()) throw config_error("a multi-step request needs at least one step");
   std::set<std::string, std::less<>> seen;
   for (const auto& n : names) {
-    if (n.empty() || n.size() > 64 || !std::all_of(n.begin(), n.end(), [](unsigned char c) {
-          return std::isalnum(c) != 0 || c == '_' || c == '-' || c == '.';
+    if (n.empty() || n.size() > 64 || !std::all_of(n.begin(), n.end(), [](char c) {
+          return detail::is_ascii_alnum(c) || c == '_' || c == '-' || c == '.';
         })) {
       throw config_error("a step name is 1 to 64 characters of A-Z a-z 0-9 _ - .");
     }

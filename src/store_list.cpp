@@ -1,7 +1,7 @@
+#include "orpheus/detail/ascii.hpp"
 #include "orpheus/store/list.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <string_view>
 
 #include "orpheus/error.hpp"
@@ -59,8 +59,7 @@ std::vector<std::string> split_store_list(const std::vector<std::string>& values
       if (piece.empty()) throw bad(value, "an empty part");
       // Found in review: "mysql://u:p@h1/d, mysql://u:p@h2/d" (a space after
       // the comma) was one shard whose password was most of the text.
-      if (std::isspace(static_cast<unsigned char>(piece.front())) != 0 ||
-          std::isspace(static_cast<unsigned char>(piece.back())) != 0) {
+      if (detail::is_ascii_space(piece.front()) || detail::is_ascii_space(piece.back())) {
         throw bad(piece, "white space around a part");
       }
       if (piece.starts_with(mysql_scheme) || piece.starts_with(sqlite_scheme)) {

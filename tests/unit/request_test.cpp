@@ -9,11 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "../../src/pre_state.hpp"
+#include "orpheus/detail/ascii.hpp"
 #include "orpheus/detail/migration.hpp"
 #include "orpheus/detail/record_row.hpp"
 #include "orpheus/identify.hpp"
 #include "orpheus/problem.hpp"
 #include "orpheus/request.hpp"
+#include "support/locale.hpp"
 
 namespace orpheus {
 namespace {
@@ -290,35 +292,55 @@ TEST(Identify, NumbersADoubleCannotHoldAreNotMadeOnePayload) {
 // LC_NUMERIC is de_DE, and every decimal was then taken as sent. Built here
 // with localedef (Debian package locales, which scripts/test installs).
 TEST(Identify, NumbersReadTheSameUnderADecimalCommaLocale) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("orpheus-locale-" + std::to_string(std::random_device{}()));
-  std::filesystem::create_directories(dir);
-  const std::string build =
-      "localedef -i de_DE -f UTF-8 '" + (dir / "de_DE.UTF-8").string() + "' >/dev/null 2>&1";
-  (void)std::system(build.c_str());  // its warnings set the exit code; setlocale() tells
   const std::string body = R"({"amount":12.50,"fee":1e-3,"b":1})";
   const std::string reordered = R"({"b":1, "fee":0.001, "amount":12.5})";
   const std::string in_c = orpheus::canonical_request(json_post(body));
-  const char* callers_locpath = std::getenv("LOCPATH");
-  const std::optional<std::string> saved =
-      callers_locpath != nullptr ? std::optional<std::string>(callers_locpath) : std::nullopt;
-  ASSERT_EQ(setenv("LOCPATH", dir.c_str(), 1), 0);
-  const bool set = std::setlocale(LC_NUMERIC, "de_DE.UTF-8") != nullptr;
-  const char point = *std::localeconv()->decimal_point;
-  const std::string in_de = orpheus::canonical_request(json_post(body));
-  const std::string in_de_reordered = orpheus::canonical_request(json_post(reordered));
-  std::setlocale(LC_NUMERIC, "C");
-  if (saved) {
-    setenv("LOCPATH", saved->c_str(), 1);
-  } else {
-    unsetenv("LOCPATH");
-  }
-  std::filesystem::remove_all(dir);
+  bool set = false;
+  char point = '.';
+  std::string in_de;
+  std::string in_de_reordered;
+  orpheus::test::under_locale(LC_NUMERIC, "de_DE", "UTF-8", [&] {
+    set = true;
+    point = *std::localeconv()->decimal_point;
+    in_de = orpheus::canonical_request(json_post(body));
+    in_de_reordered = orpheus::canonical_request(json_post(reordered));
+  });
   ASSERT_TRUE(set) << "no de_DE.UTF-8: install the package locales (scripts/test does)";
   ASSERT_EQ(point, ',');
   EXPECT_EQ(in_de, in_c);
   EXPECT_EQ(in_de_reordered, in_c);
   EXPECT_NE(in_c.find("json:"), std::string::npos) << in_c;
+}
+
+// Found in review: header names were lower-cased with std::tolower, which
+// follows LC_CTYPE: under tr_TR.ISO-8859-9 "X-Account-Id" became
+// "x-account-\xFDd" (the middleware then found no such header, and every
+// account's request had one fingerprint), under tr_TR.UTF-8 "x-account-Id"
+// (another server's retry: 422 fingerprint_mismatch). ASCII only now.
+TEST(Identify, HeaderNamesAndContentTypesReadTheSameUnderATurkishLocale) {
+  request_text r = json_post(R"({"a":1})");
+  r.content_type = "APPLICATION/JSON; charset=UTF-8";
+  r.headers = {{"X-Account-Id", "A"}};
+  const std::string in_c = orpheus::canonical_request(r);
+  EXPECT_NE(in_c.find("x-account-id:A"), std::string::npos) << in_c;
+  EXPECT_NE(in_c.find("json:"), std::string::npos) << in_c;
+  for (const char* charmap : {"UTF-8", "ISO-8859-9"}) {
+    SCOPED_TRACE(charmap);
+    bool set = false;
+    std::string in_tr;
+    std::string lowered;
+    bool json = false;
+    orpheus::test::under_locale(LC_CTYPE, "tr_TR", charmap, [&] {
+      set = true;
+      in_tr = orpheus::canonical_request(r);
+      lowered = orpheus::detail::ascii_lower("X-ACCOUNT-ID");
+      json = orpheus::is_json_content_type("APPLICATION/JSON");
+    });
+    ASSERT_TRUE(set) << "no tr_TR: install the package locales (scripts/test does)";
+    EXPECT_EQ(in_tr, in_c);
+    EXPECT_EQ(lowered, "x-account-id");
+    EXPECT_TRUE(json);
+  }
 }
 
 TEST(Identify, GivesTheRequestIdOrTheAnswerInTheDocumentedOrder) {

@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <clocale>
 #include <string>
+#include <vector>
 
 #include "orpheus/error.hpp"
+#include "support/locale.hpp"
 
 namespace orpheus {
 namespace {
@@ -21,6 +24,42 @@ bool refused(const std::string& sql) {
     EXPECT_FALSE(e.retryable()) << sql;  // a programming error: never retried
     return true;
   }
+}
+
+// Found in review: the guard upper-cased with std::toupper, which follows
+// LC_CTYPE: under tr_TR.UTF-8 toupper('i') is 'i', so "commit" was read as
+// COMMiT and sent (the lease row and Pre-RPC's writes committed apart from
+// the rest of transaction 1; on SQLite, the writer's shared batch with them).
+TEST(SqlGuard, RefusesTheSameUnderATurkishLocale) {
+  const char* const statements[] = {
+      "commit",
+      "begin",
+      "if ? then commit; end if",
+      "start transaction",
+      "set autocommit=1",
+      "set session transaction isolation level read uncommitted",
+      "optimize table t",
+      "install plugin p soname 'x'",
+      "release savepoint orpheus_member",
+      "--c\nrollback to orpheus_member",
+      "set statement max_statement_time=1 for commit",
+  };
+  for (const char* charmap : {"UTF-8", "ISO-8859-9"}) {
+    SCOPED_TRACE(charmap);
+    bool set = false;
+    std::vector<std::string> let_through;
+    orpheus::test::under_locale(LC_CTYPE, "tr_TR", charmap, [&] {
+      set = true;
+      for (const char* sql : statements) {
+        if (!refused(sql)) let_through.emplace_back(sql);
+      }
+    });
+    ASSERT_TRUE(set) << "no tr_TR: install the package locales (scripts/test does)";
+    EXPECT_TRUE(let_through.empty())
+        << let_through.size()
+        << " let through, the first: " << (let_through.empty() ? "" : let_through.front());
+  }
+  for (const char* sql : statements) EXPECT_TRUE(refused(sql)) << sql;  // and in "C"
 }
 
 TEST(SqlGuard, RefusesWhatEndsEscapesOrOutlivesTheTransaction) {

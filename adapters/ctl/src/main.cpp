@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orpheus/admin.hpp"
+#include "orpheus/detail/ascii.hpp"
 #include "orpheus/store/list.hpp"
 #include "orpheus/store/sqlite.hpp"
 #if ORPHEUSCTL_WITH_MYSQL  // set by adapters/ctl/CMakeLists.txt from ORPHEUS_WITH_MYSQL
@@ -181,9 +181,8 @@ struct arguments {
 // Whether a Content-Type names JSON: application/json, or a +json type
 // (application/problem+json), with any parameters, in any case.
 bool names_json(std::string_view content_type) {
-  std::string type(content_type.substr(0, content_type.find(';')));
+  std::string type = orpheus::detail::ascii_lower(content_type.substr(0, content_type.find(';')));
   while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
-  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return type == "application/json" || type.ends_with("+json");
 }
 

@@ -1,11 +1,11 @@
 #include "orpheus/grpc/unary.hpp"
+#include "orpheus/detail/ascii.hpp"
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <grpc/support/time.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdint>
 #include <iterator>
 #include <memory>
@@ -30,10 +30,7 @@ using ::grpc::StatusCode;
 bool is_recorded_reply(const response& r) {
   if (r.status != 200) return false;
   const auto same = [](std::string_view a, std::string_view b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-             return std::tolower(static_cast<unsigned char>(x)) ==
-                    std::tolower(static_cast<unsigned char>(y));
-           });
+    return orpheus::detail::ascii_iequals(a, b);
   };
   bool typed = false;
   const bool all_protobuf = std::all_of(r.headers.begin(), r.headers.end(), [&](const auto& h) {
