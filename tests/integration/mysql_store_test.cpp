@@ -586,6 +586,28 @@ TEST(MysqlOptions, AUrlWithSpacesParametersOrJunkIsRefused) {
   EXPECT_EQ(parse_mysql_url("mysql://u:p@[::1]:3306/pay").host, "[::1]");
 }
 
+// Found in review: the port was split at the last colon, inside the
+// brackets of "[::1]" without a port (refused as a bad port, though the
+// port is optional), and anything in brackets was taken as a host ("[]",
+// "[db 1]"), failing only at connect, as an outage retried for ever.
+TEST(MysqlOptions, ABracketedHostIsAnIpv6AddressWithOrWithoutAPort) {
+  const auto s = parse_mysql_url("mysql://u:p@[::1]/pay");
+  EXPECT_EQ(s.host, "[::1]");
+  EXPECT_EQ(s.port, 3306);
+  const auto t = parse_mysql_url("mysql://u:p@[fe80::1:2]:3307,[2001:db8::5]/pay");
+  EXPECT_EQ(t.host, "[fe80::1:2]");
+  EXPECT_EQ(t.port, 3307);
+  ASSERT_EQ(t.failover.size(), 1U);
+  EXPECT_EQ(t.failover[0].host, "[2001:db8::5]");
+  EXPECT_EQ(t.failover[0].port, 3306);
+  for (const char* bad :
+       {"mysql://u:p@[]/pay", "mysql://u:p@[]:3306/pay", "mysql://u:p@[db 1]:3306/pay",
+        "mysql://u:p@[db1]/pay", "mysql://u:p@[::1/pay", "mysql://u:p@[::1]x/pay",
+        "mysql://u:p@[::1]:/pay", "mysql://u:p@[::1]:0/pay", "mysql://u:p@[::1]]/pay"}) {
+    EXPECT_THROW((void)parse_mysql_url(bad), config_error) << bad;
+  }
+}
+
 // A node that cannot be reached is passed over (the galera suite shows the
 // pass-over onto a live node of a cluster). Found in review: the next node, a
 // server that is not a Galera node, was used as if it were one: with the

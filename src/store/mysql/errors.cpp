@@ -87,6 +87,15 @@ bool transient_server_code(int code) noexcept {
     case 1129:  // host blocked after max_connect_errors (FLUSH HOSTS)
     case 1130:  // host not allowed to connect (a grant)
     case 4151:  // account locked (ALTER USER ... ACCOUNT UNLOCK)
+    // The same, found in review under their other numbers: MySQL's, or a
+    // sibling of a code above (classified permanent, they told a request
+    // that never started not to retry).
+    case 3118:  // account locked (MySQL)
+    case 3955:  // account blocked after failed logins, for PASSWORD_LOCK_TIME (MySQL 8.0.19)
+    case 4150:  // user blocked after max_password_errors (MariaDB; FLUSH PRIVILEGES)
+    case 1698:  // access denied through an authentication plugin (unix_socket over TCP)
+    case 1135:  // the server cannot create a thread for the connection
+    case 1026:  // error writing a file (28: the tmpdir is full)
     case 1862:  // password expired, refused at login
     case 1820:  // password expired, sandbox mode: SET PASSWORD first
       return true;

@@ -1,8 +1,11 @@
 // "mysql://user:password@host:port[,host:port...]/database", parsed once, here.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 
+#include "orpheus/detail/ascii.hpp"
 #include "orpheus/store/mysql.hpp"
 
 namespace orpheus {
@@ -39,7 +42,17 @@ mysql_shard parse_mysql_url(std::string_view url) {
   // host[:port], or several separated by commas: the nodes of one shard.
   const auto host_of = [&](std::string_view hostport) {
     mysql_host h;
-    const auto pc = hostport.rfind(':');
+    if (hostport.empty()) throw bad("empty part");
+    // The port's colon: after the ']' of a bracketed IPv6 address (found in
+    // review: "[::1]" without a port was split at its last colon), else the
+    // last one.
+    auto pc = hostport.rfind(':');
+    if (hostport.front() == '[') {
+      const auto close = hostport.find(']');
+      if (close == std::string_view::npos) throw bad("an IPv6 address without its ']'");
+      pc = close + 1 == hostport.size() ? std::string_view::npos : close + 1;
+      if (pc != std::string_view::npos && hostport[pc] != ':') throw bad("junk after ']'");
+    }
     h.host = std::string(hostport.substr(0, pc));
     if (pc != std::string_view::npos) {
       const auto p = hostport.substr(pc + 1);
@@ -51,11 +64,19 @@ mysql_shard parse_mysql_url(std::string_view url) {
       h.port = port;
     }
     if (h.host.empty()) throw bad("empty part");
-    // A name or an IPv4 address, or an IPv6 one in brackets.
-    const bool bracketed = h.host.front() == '[' && h.host.back() == ']';
-    if (!bracketed && !std::all_of(h.host.begin(), h.host.end(), [](unsigned char c) {
-          return std::isalnum(c) != 0 || c == '.' || c == '-' || c == '_';
-        })) {
+    // A name or an IPv4 address, or an IPv6 one in brackets, as inet_pton
+    // reads it (found in review: anything in brackets was taken, "[]" and
+    // "[db 1]" too, and failed only at connect, as an outage, retried).
+    const bool bracketed = h.host.front() == '[';
+    if (bracketed) {
+      const std::string inner = h.host.substr(1, h.host.size() - 2);
+      in6_addr ignored{};
+      if (inet_pton(AF_INET6, inner.c_str(), &ignored) != 1) {
+        throw bad("not an IPv6 address in brackets");
+      }
+    } else if (!std::all_of(h.host.begin(), h.host.end(), [](char c) {
+                 return detail::is_ascii_alnum(c) || c == '.' || c == '-' || c == '_';
+               })) {
       throw bad("a host is not a name or an address");
     }
     return h;
