@@ -6,10 +6,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <iostream>
+#include <iterator>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1211,6 +1214,32 @@ TEST(SqliteStore, BadOptionsAreRefused) {
 // Issue 7.14: the journal mode was set and never checked.
 TEST(SqliteStore, AFileThatCannotUseWalIsRefusedAtStartUp) {
   EXPECT_THROW(sqlite_store({.path = ":memory:"}), config_error);
+}
+
+// Found in review: a connection whose PRAGMA failed (here on a file that is
+// not a database: SQLITE_NOTADB) left its handle and descriptors open, one
+// more per attempt; a read pool retrying through an outage ran out of them.
+TEST(SqliteStore, AStoreThatCannotOpenLeavesNoDescriptorOpen) {
+  const std::string path = fresh_path();
+  {
+    std::ofstream junk(path, std::ios::binary);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 4096; ++i) junk.put(static_cast<char>(rng()));
+  }
+  const auto descriptors = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator{});
+  };
+  EXPECT_THROW(sqlite_store({.path = path}), storage_error);  // what it throws, once
+  const auto before = descriptors();
+  for (int i = 0; i < 50; ++i) {
+    try {
+      sqlite_store s({.path = path});
+      ADD_FAILURE() << "a file that is not a database was opened";
+    } catch (const storage_error&) {
+    }
+  }
+  EXPECT_EQ(descriptors(), before) << "descriptors left open by failed opens";
 }
 
 // Found in review: a deferred foreign key that one job leaves violated is

@@ -75,21 +75,30 @@ connection::connection(const sqlite_options& o) {
                                    " can only be opened read-only (its permissions, or a "
                                    "read-only file system); nothing was written");
   }
-  // The busy handler only matters between processes now: threads of this
-  // process take turns on one writer connection (single_writer).
-  sqlite3_busy_timeout(db_, static_cast<int>(o.busy_timeout.count()));
-  // The PRAGMA answers with the mode it got, which is not always WAL (a
-  // file on a file system without shared memory, an in-memory database):
-  // the durability and concurrency this store promises rest on WAL.
-  const std::string mode = query_text("PRAGMA journal_mode=WAL");
-  if (mode != "wal") {
+  // Closed again on every refusal below (found in review: a PRAGMA that
+  // failed, on a file that is not a database or on an I/O error, left the
+  // handle and its descriptors open, one more per attempt: a read pool
+  // retrying through an outage ran out of descriptors).
+  try {
+    // The busy handler only matters between processes now: threads of this
+    // process take turns on one writer connection (single_writer).
+    sqlite3_busy_timeout(db_, static_cast<int>(o.busy_timeout.count()));
+    // The PRAGMA answers with the mode it got, which is not always WAL (a
+    // file on a file system without shared memory, an in-memory database):
+    // the durability and concurrency this store promises rest on WAL.
+    const std::string mode = query_text("PRAGMA journal_mode=WAL");
+    if (mode != "wal") {
+      throw config_error("sqlite: " + o.path + " cannot be put in WAL mode (it is in '" + mode +
+                         "' mode)");
+    }
+    exec("PRAGMA synchronous=FULL");
+    exec("PRAGMA foreign_keys=ON");
+  } catch (...) {
+    cache_.clear();
     sqlite3_close(db_);
     db_ = nullptr;
-    throw config_error("sqlite: " + o.path + " cannot be put in WAL mode (it is in '" + mode +
-                       "' mode)");
+    throw;
   }
-  exec("PRAGMA synchronous=FULL");
-  exec("PRAGMA foreign_keys=ON");
 }
 
 connection::~connection() {
