@@ -698,6 +698,44 @@ TEST(SqliteStore, AFailureWhileEndingABatchPassesTheTurnOnAndIsInDoubt) {
   });
 }
 
+// Found in review: when a member's SAVEPOINT failed in enter() and ending
+// the open batch there failed too (an allocation), the turn was never passed
+// on, as it was in leave() before the test above: every later write waited
+// busy_timeout for it and failed, until the process restarted.
+TEST(SqliteStore, AFailureWhileEnteringAndEndingTheBatchPassesTheTurnOn) {
+  sqlite_detail::single_writer w(
+      sqlite_options{.path = fresh_path(), .busy_timeout = std::chrono::seconds(2)});
+  w.exclusively([](sqlite_detail::connection& c) { c.exec("CREATE TABLE r (id INTEGER)"); });
+  std::atomic<bool> savepoint_fails{false};
+  std::atomic<bool> finish_throws{false};
+  w.on_savepoint_for_tests([&] { return savepoint_fails.exchange(false); });
+  w.on_finish_batch_for_tests([&] {
+    if (finish_throws.exchange(false)) throw std::bad_alloc();
+  });
+  within(std::chrono::seconds(60), [&] {
+    savepoint_fails = true;
+    finish_throws = true;
+    try {
+      (void)w.enter();
+      ADD_FAILURE() << "entered, though its SAVEPOINT failed";
+    } catch (const storage_error& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();  // the SAVEPOINT's own failure
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not the SAVEPOINT's failure: " << e.what();
+    }
+    EXPECT_FALSE(finish_throws) << "the batch was not ended in enter()";
+    const auto next = w.enter();  // waited busy_timeout, then failed, before the fix
+    w.conn().exec("INSERT INTO r (id) VALUES (1)");
+    w.leave(next, /*keep=*/true);
+    std::int64_t n = -1;
+    w.exclusively([&](sqlite_detail::connection& c) {
+      n = c.run("SELECT COUNT(*) FROM r", {}).at(0).get<std::int64_t>(0);
+    });
+    EXPECT_EQ(n, 1);
+    return 0;
+  });
+}
+
 // Found in review of the test above: when undoing a member failed too (no
 // statement could run), the batch went on, and its COMMIT kept the writes
 // of a member told "nothing kept". Such a batch is doomed: rolled back, and

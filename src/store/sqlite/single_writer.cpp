@@ -504,18 +504,30 @@ single_writer::member_ticket single_writer::enter() {
     if (!batch_open_) open_batch(lock);
     member_ticket member{batch_, batch_gate_};
     lock.unlock();
+    if (savepoint_fails_ && savepoint_fails_()) {
+      throw storage_error::transient("sqlite: SAVEPOINT failed (a test's failure)");
+    }
     conn_->exec_cached("SAVEPOINT orpheus_member");
     return member;
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
-    if (batch_open_ && sqlite3_get_autocommit(conn_->db()) != 0) {
-      // The failure took the outer transaction with it: its members lost
-      // their work, and the next member must open a new batch.
-      finish_batch(lock, batch_, batch_lost());
+    try {
+      if (batch_open_ && sqlite3_get_autocommit(conn_->db()) != 0) {
+        // The failure took the outer transaction with it: its members lost
+        // their work, and the next member must open a new batch.
+        finish_batch(lock, batch_, batch_lost());
+      }
+      // An open batch with members that committed must still be finished
+      // by someone: the next member, or this one now.
+      if (batch_open_ && !has_waiter(lock)) commit_batch(lock);
+    } catch (...) {
+      // Ending the batch failed part way (an allocation): the turn is passed
+      // on all the same, as leave() does (found in review: every later
+      // write waited busy_timeout for it and failed), and the batch's
+      // members are told its outcome is unknown.
+      if (!lock.owns_lock()) lock.lock();
+      if (batch_open_) abandon_batch(lock);
     }
-    // An open batch with members that committed must still be finished by
-    // someone: the next member, or this one now.
-    if (batch_open_ && !has_waiter(lock)) commit_batch(lock);
     pass_turn(lock);
     wake_and_unlock(lock);
     throw;

@@ -144,6 +144,10 @@ class single_writer {
   /// as when SQLite cannot prepare one (out of memory). Set before any
   /// member enters.
   void on_rollback_for_tests(std::function<bool()> fails) { rollback_fails_ = std::move(fails); }
+  /// Tests only: when it returns true, a member's SAVEPOINT fails in
+  /// enter(), as when SQLite cannot prepare it (out of memory). Set before
+  /// any member enters.
+  void on_savepoint_for_tests(std::function<bool()> fails) { savepoint_fails_ = std::move(fails); }
   /// Tests only: called as a batch is ended, under the writer's lock; what
   /// it throws stands for a failure there (an allocation). Set before any
   /// member enters.
@@ -263,6 +267,7 @@ class single_writer {
   std::function<bool()> undo_fails_;         // on_undo_for_tests()
   std::function<bool()> rollback_fails_;     // on_rollback_for_tests()
   std::function<void()> finish_batch_hook_;  // on_finish_batch_for_tests()
+  std::function<bool()> savepoint_fails_;    // on_savepoint_for_tests()
   // Set and read only by the thread whose turn it is (exclusively()'s, then
   // the batch's): the turn orders them.
   bool foreign_keys_off_ = false;
