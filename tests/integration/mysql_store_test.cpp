@@ -600,10 +600,16 @@ TEST(MysqlOptions, ABracketedHostIsAnIpv6AddressWithOrWithoutAPort) {
   ASSERT_EQ(t.failover.size(), 1U);
   EXPECT_EQ(t.failover[0].host, "[2001:db8::5]");
   EXPECT_EQ(t.failover[0].port, 3306);
+  // What the connector reads in brackets too (found in review of the first
+  // version of this rule, which refused them): a zone, a name, IPv4.
+  EXPECT_EQ(parse_mysql_url("mysql://u:p@[fe80::1%eth0]:3306/pay").host, "[fe80::1%eth0]");
+  EXPECT_EQ(parse_mysql_url("mysql://u:p@[db1]:3306/pay").host, "[db1]");
+  EXPECT_EQ(parse_mysql_url("mysql://u:p@[10.0.0.5]/pay").host, "[10.0.0.5]");
   for (const char* bad :
        {"mysql://u:p@[]/pay", "mysql://u:p@[]:3306/pay", "mysql://u:p@[db 1]:3306/pay",
-        "mysql://u:p@[db1]/pay", "mysql://u:p@[::1/pay", "mysql://u:p@[::1]x/pay",
-        "mysql://u:p@[::1]:/pay", "mysql://u:p@[::1]:0/pay", "mysql://u:p@[::1]]/pay"}) {
+        "mysql://u:p@[fe80::1%]/pay", "mysql://u:p@[fe80::1%e h]/pay", "mysql://u:p@[::1/pay",
+        "mysql://u:p@[::1]x/pay", "mysql://u:p@[::1]:/pay", "mysql://u:p@[::1]:0/pay",
+        "mysql://u:p@[::1]]/pay", "mysql://u:p@[a:b]/pay"}) {
     EXPECT_THROW((void)parse_mysql_url(bad), config_error) << bad;
   }
 }

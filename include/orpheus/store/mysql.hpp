@@ -75,7 +75,8 @@ struct mysql_shard {
 /// others `failover`). The user and password are taken as written (no
 /// percent-decoding: '@', ':' and '/' may appear in the password, which ends
 /// at the last '@'); a host is a name, an IPv4 address or a bracketed IPv6
-/// one. Throws config_error on anything else: a control character, a query
+/// one ("[::1]", "[fe80::1%eth0]"; a name or IPv4 address in brackets is
+/// taken too). Throws config_error on anything else: a control character, a query
 /// ("?ssl-mode=..."; no parameters are read), a fragment, or a database
 /// name with '/', ',', '@' or a space.
 [[nodiscard]] mysql_shard parse_mysql_url(std::string_view url);

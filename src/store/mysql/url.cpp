@@ -65,18 +65,24 @@ mysql_shard parse_mysql_url(std::string_view url) {
     }
     if (h.host.empty()) throw bad("empty part");
     // A name or an IPv4 address, or an IPv6 one in brackets, as inet_pton
-    // reads it (found in review: anything in brackets was taken, "[]" and
-    // "[db 1]" too, and failed only at connect, as an outage, retried).
-    const bool bracketed = h.host.front() == '[';
-    if (bracketed) {
+    // reads it, with a zone after '%' ("[fe80::1%eth0]"); a name or an IPv4
+    // address in brackets is taken too, as the connector takes it. Found in
+    // review: anything in brackets was taken, "[]" and "[db 1]" too, and
+    // failed only at connect, as an outage, retried for ever.
+    const auto name_like = [](std::string_view n) {
+      return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
+        return detail::is_ascii_alnum(c) || c == '.' || c == '-' || c == '_';
+      });
+    };
+    if (h.host.front() == '[') {
       const std::string inner = h.host.substr(1, h.host.size() - 2);
+      const auto zone = inner.find('%');
+      const std::string address = inner.substr(0, zone);
       in6_addr ignored{};
-      if (inet_pton(AF_INET6, inner.c_str(), &ignored) != 1) {
-        throw bad("not an IPv6 address in brackets");
-      }
-    } else if (!std::all_of(h.host.begin(), h.host.end(), [](char c) {
-                 return detail::is_ascii_alnum(c) || c == '.' || c == '-' || c == '_';
-               })) {
+      const bool ipv6 = inet_pton(AF_INET6, address.c_str(), &ignored) == 1 &&
+                        (zone == std::string::npos || name_like(inner.substr(zone + 1)));
+      if (!ipv6 && !name_like(inner)) throw bad("not an address or a name in brackets");
+    } else if (!name_like(h.host)) {
       throw bad("a host is not a name or an address");
     }
     return h;
