@@ -37,7 +37,8 @@ Usage: payments_grpc_server --bank URL --api-keys FILE [flags]
   --rpc-timeout-ms N  deadline of the bank call, < lease (default 5000)
   --workers N       threads for database and bank work (default 16)
   --queue N         calls queued for them before UNAVAILABLE (default 256)
-  --retry-window-ms N  a key unfinished after this long fails for good
+  --retry-window-ms N  a key unfinished after this long is parked for a person
+                    (UNAVAILABLE request_parked, retry later), never failed
                     (default 86400000)
   --retention-ms N  how long a finished call's record is kept and replayed
                     (default 604800000, 7 days; not shorter than the retry

@@ -88,7 +88,8 @@ Usage: payments_server --bank URL --api-keys FILE [flags]
   --idle-timeout-ms N   close a keep-alive connection idle this long (60000)
   --header-timeout-ms N close a connection whose request header takes longer
                         (default 10000)
-  --retry-window-ms N   a key unfinished after this long fails for good
+  --retry-window-ms N   a key unfinished after this long is parked for a
+                        person (503 request_parked, retry later), never failed
                         (default 86400000)
   --retention-ms N      how long finished keys are kept and replayed
                         (default 604800000; not shorter than the retry window)
