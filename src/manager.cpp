@@ -492,6 +492,9 @@ struct after_rpc {
   std::string_view owner;
   const detail::run_context& ctx;
   const attempt& a;
+  /// Read after the transaction that took or last renewed the lease
+  /// committed: the lease ends no later than this plus config::lease.
+  clock::time_point leased_by;
   using failure_type = std::optional<error_info>;
   const failure_type& failure;  ///< the RPC's outcome (nullopt: success)
   std::int64_t backoff_us;
@@ -548,9 +551,13 @@ void record_after_rpc(const after_rpc& w,
     return false;
   };
   const std::string where = "scope " + w.id.scope + " key " + w.id.key;
-  // An in-doubt call's key is held to the lease's end (leave()), which is
-  // that much after the attempt's deadline.
-  const clock::time_point lease_end = w.a.deadline() + (w.c.lease - w.c.rpc_timeout);
+  // An in-doubt call's key is held to the lease's end (leave()): the lease
+  // was set inside a transaction that had committed by `leased_by` (found
+  // in review: taken as the attempt's deadline plus the rest of the lease,
+  // which counts from before that transaction, the answer's Retry-After was
+  // short by however long it waited, for a lock or the SQLite writer, and
+  // a client retrying on time met a 409 that spent an attempt).
+  const clock::time_point lease_end = w.leased_by + w.c.lease;
   // A key that leave() could not let go is held to the lease's end: a retry
   // before then meets 409s that spend its attempts (found in review: after a
   // lock wait on the record row, which kept the release waiting too, the
@@ -660,6 +667,9 @@ struct manager::flow_run {
   /// When the transaction that took or last renewed the lease began: each
   /// step's RPC must end rpc_timeout after it, inside the lease.
   clock::time_point started;
+  /// Read after that transaction committed: the lease ends no later than
+  /// this plus config::lease (after_rpc::leased_by).
+  clock::time_point leased_by;
   detail::progress progress;
   /// attempt::earlier_may_land_until() of every step's attempt.
   clock::time_point earlier_may_land_until{};
@@ -1089,6 +1099,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
       }
       throw;
     }
+    // After transaction 1 committed: its lease ends no later than this plus
+    // config::lease.
+    const auto leased_by = clock::now();
     if (acquired) note(config_, ctx.shard, *acquired);
     if (unreadable) {
       log(log_level::error, "scope " + id.scope + " key " + id.key + ": " + reason_of(*unreadable));
@@ -1103,6 +1116,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
                  owner,
                  attempt_number,
                  started,
+                 leased_by,
                  std::move(*progress),
                  earlier_may_land_until};
       return run_flow(f);
@@ -1130,7 +1144,7 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     // 4. Record (transaction 2), fenced by the owner token.
     const std::int64_t backoff = wait_after(backoff_us(a.number()), failure, config_);
     response r;
-    record_after_rpc({store_, config_, id, owner, ctx, a, failure, backoff},
+    record_after_rpc({store_, config_, id, owner, ctx, a, leased_by, failure, backoff},
                      [&](detail::record_tx& t, tx& handler_tx) {
                        r = p.post(handler_tx, a);
                        if (!failure) {
@@ -1199,7 +1213,7 @@ response manager::run_flow(flow_run& f) {
           std::string(s.name),
           detail::decode_pre_state(detail::encode_pre_state(result)).value_or(nullptr));
       response r;
-      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
+      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, f.leased_by, no_failure, backoff},
                        [&](detail::record_tx& t, tx& handler_tx) {
                          if (s.post) s.post(handler_tx, a, f.progress.done.back().second);
                          if (!last) {
@@ -1210,6 +1224,7 @@ response manager::run_flow(flow_run& f) {
                          return t.finish(f.id, f.owner, record_state::succeeded, r, {}, f.terms);
                        });
       if (last) return r;
+      f.leased_by = clock::now();  // the lease was renewed with the recovery point
       continue;
     }
     if (!failure->retryable() && i <= f.flow.pivot) {
@@ -1256,7 +1271,7 @@ response manager::run_flow(flow_run& f) {
       told.retry_after = std::chrono::ceil<std::chrono::milliseconds>(
           std::chrono::microseconds(std::max<std::int64_t>(wait, 1000)));
     }
-    record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, failure, wait},
+    record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, f.leased_by, failure, wait},
                      [&](detail::record_tx& t, tx&) {
                        const std::string why = std::string(s.name) + ": " + reason_of(*failure);
                        if (failure->in_doubt()) {
@@ -1291,7 +1306,8 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
     // resumes the compensations, never the steps.
     f.started = clock::now();
     record_after_rpc(
-        {store_, config_, f.id, f.owner, f.ctx, *failed_step, step_failure, backoff_us(f.number)},
+        {store_, config_, f.id, f.owner, f.ctx, *failed_step, f.leased_by, step_failure,
+         backoff_us(f.number)},
         [&](detail::record_tx& t, tx&) {
           if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
             return false;
@@ -1301,6 +1317,7 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
                         failed_step->step());
           return true;
         });
+    f.leased_by = clock::now();  // the lease was renewed with the way back
   }
   while (!f.progress.done.empty()) {
     const detail::step_phase& s = steps[index_of(f.progress.done.back().first)];
@@ -1318,16 +1335,17 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
     if (!err) {
       f.started = clock::now();
       f.progress.done.pop_back();
-      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff},
+      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, f.leased_by, no_failure, backoff},
                        [&](detail::record_tx& t, tx&) {
                          return t.save_progress(f.id, f.owner, detail::encode_progress(f.progress),
                                                 f.terms);
                        });
+      f.leased_by = clock::now();  // the lease was renewed with the recovery point
       continue;
     }
     if (err->retryable()) {
       const std::int64_t wait = wait_after(backoff, err, config_);  // as for a step
-      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, err, wait},
+      record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, f.leased_by, err, wait},
                        [&](detail::record_tx& t, tx&) {
                          if (err->in_doubt()) {
                            return hold_until(t, f.id, f.owner, a.deadline(), f.terms, why,
@@ -1345,7 +1363,8 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
                        why,        false};
     try {
       record_after_rpc(
-          {store_, config_, f.id, f.owner, f.ctx, a, no_failure, backoff, /*after_a_call=*/false},
+          {store_, config_, f.id, f.owner, f.ctx, a, f.leased_by, no_failure, backoff,
+           /*after_a_call=*/false},
           [&](detail::record_tx& t, tx&) {
             if (!t.save_progress(f.id, f.owner, detail::encode_progress(f.progress), f.terms)) {
               return false;
@@ -1380,7 +1399,7 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
   // the recording fails, a failure of unknown outcome is marked in doubt
   // before the key is let go (record_after_rpc), as above.
   response r;
-  record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a,
+  record_after_rpc({store_, config_, f.id, f.owner, f.ctx, a, f.leased_by,
                     failed_step != nullptr ? step_failure : no_failure, backoff_us(f.number),
                     /*after_a_call=*/failed_step != nullptr},
                    [&](detail::record_tx& t, tx& handler_tx) {

@@ -2261,6 +2261,47 @@ TEST_P(Conformance, ARecordingThatFailsAfterAnInDoubtRpcIsInDoubtAndWaitsForTheL
   }
 }
 
+// Found in review: the Retry-After of a key held to its lease's end after a
+// failed recording counted the lease from before transaction 1 (the
+// attempt's deadline plus the rest of the lease), so it was short by however
+// long transaction 1 waited before it set the lease (a row lock, the SQLite
+// writer's queue): a client retrying on time met a 409 and spent an attempt.
+TEST_P(Conformance, AHeldKeysRetryAfterCountsTheLeaseFromWhenItWasSet) {
+  config cfg;
+  cfg.lease = 60s;
+  cfg.rpc_timeout = 30s;
+  test::forwarding_store fs(*store_);
+  manager m(fs, cfg);
+  fs.on_statement = [](std::string_view name) {
+    if (name == "insert") std::this_thread::sleep_for(1500ms);  // transaction 1 waits
+  };
+  const auto rid = id("held-after-a-wait");
+  try {
+    (void)m.process(
+        rid, [](tx&) { return 1; },
+        [](const attempt&, int) -> int {
+          throw error(error_info::of(error_class::in_doubt, "gateway_timeout", "no answer"));
+        },
+        [](tx&, const attempt&, const outcome<int>&) -> response {
+          throw storage_error::transient("the database went away");
+        });
+    ADD_FAILURE() << "a Post-RPC that failed was recorded";
+  } catch (const error& e) {
+    fs.on_statement = nullptr;
+    EXPECT_EQ(e.code(), codes::post_rpc_failed) << e.what();
+    EXPECT_TRUE(e.in_doubt());
+    ASSERT_TRUE(e.info().retry_after);
+    const auto held = store_->inspect(rid);
+    ASSERT_TRUE(held);
+    ASSERT_EQ(held->state, record_state::in_progress) << "the key stays held for the call";
+    // Read after the answer, so only ever smaller than at the answer.
+    const std::chrono::milliseconds held_left((held->lease_expires_us - held->db_now_us) / 1000);
+    EXPECT_GE(*e.info().retry_after, held_left)
+        << "told to retry before the key is let go: a 409 that spends an attempt";
+    EXPECT_LE(*e.info().retry_after, cfg.lease);
+  }
+}
+
 // Found in review: a Post-RPC answer with an interim status (1xx) was
 // recorded as succeeded, and every replay of it went out as a bare 500 (the
 // HTTP server turns a 1xx into one) that clients retried until they gave up.

@@ -475,6 +475,55 @@ TEST_P(Steps, AnUnclassifiedStepFailureThatCannotBeRecordedIsLetGoInDoubt) {
   EXPECT_GT(may_land_for[1], std::chrono::seconds(60)) << "the in-doubt window (5 min)";
 }
 
+// Found in review: the Retry-After of a key held to its lease's end after a
+// failed recording counted the lease from before the transaction that set
+// it. A step's lease is renewed by the transaction that records the step
+// before it: here one whose own SQL takes 1.5 s, so the old answer was 1.5 s
+// short, and a client retrying on time met a 409 that spent an attempt.
+TEST_P(Steps, AHeldKeysRetryAfterCountsTheStepsLeaseFromItsRenewal) {
+  test::forwarding_store fs(*store_);
+  config cfg;
+  cfg.lease = 60s;
+  cfg.rpc_timeout = 30s;
+  manager m(fs, cfg);
+  fake_bank bank;
+  const steps<order> f = [&] {
+    steps<order> g;
+    g.step("authorise", [&](const attempt& a, const order&, const step_results&) {
+       return bank.call("authorise", a);
+     }).post([](tx&, const attempt&, const order&, const std::string&) {
+      std::this_thread::sleep_for(1500ms);  // before the lease is renewed
+    });
+    g.step("capture", [&](const attempt&, const order&, const step_results&) -> std::string {
+      throw error(error_info::of(error_class::in_doubt, "gateway_timeout", "no answer"));
+    });
+    g.respond([](tx&, const attempt&, const order&, const step_results&) {
+      return response{201, {}, "paid"};
+    });
+    return g;
+  }();
+  fs.before_commit = [](int transaction, orpheus::transaction&) {
+    // 0: the key's claim; 1: authorise's record, the lease renewed; 2: capture's.
+    if (transaction == 2) throw storage_error::transient("injected: the record's COMMIT failed");
+  };
+  try {
+    run(m, id("k1"), f);
+    ADD_FAILURE() << "answered";
+  } catch (const error& e) {
+    fs.before_commit = nullptr;
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_TRUE(e.in_doubt()) << e.what();
+    ASSERT_TRUE(e.retry_after().has_value());
+    const auto held = store_->inspect(id("k1"));
+    ASSERT_TRUE(held);
+    ASSERT_EQ(held->state, record_state::in_progress) << "the key stays held for the call";
+    // Read after the answer, so only ever smaller than at the answer.
+    const std::chrono::milliseconds held_left((held->lease_expires_us - held->db_now_us) / 1000);
+    EXPECT_GE(*e.retry_after(), held_left)
+        << "told to retry before the key is let go: a 409 that spends an attempt";
+  }
+}
+
 TEST_P(Steps, ACompensationThatFailsSafelyIsResumedNotTheSteps) {
   manager m(*store_, quick());
   fake_bank bank;
