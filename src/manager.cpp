@@ -1129,11 +1129,16 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     if (clock::now() >= a.deadline()) {
       // Transaction 1 took the whole RPC budget (a stalled database): an RPC
       // started now could outlive the lease and overlap a take-over.
-      release_quietly(store_, id, owner, "the RPC deadline passed before the RPC started", ctx,
-                      backoff_us(attempt_number));
-      throw error(error_info::of(error_class::unavailable, codes::deadline_exceeded,
-                                 "the request ran out of time before calling downstream; "
-                                 "retry with the same key"));
+      error_info late = error_info::of(error_class::unavailable, codes::deadline_exceeded,
+                                       "the request ran out of time before calling downstream; "
+                                       "retry with the same key");
+      // Not let go: held to the lease's end, and the answer says so (found
+      // in review: it said a second, and a client sent back met 409s).
+      if (!release_quietly(store_, id, owner, "the RPC deadline passed before the RPC started", ctx,
+                           backoff_us(attempt_number))) {
+        retry_no_sooner_than(late, leased_by + config_.lease);
+      }
+      throw error(late);
     }
     std::optional<error_info> failure;
     {
@@ -1174,13 +1179,18 @@ namespace {
 /// Transaction 1 or the last step's record may have used up the time of the
 /// next RPC: one started now could outlive the lease and overlap a take-over.
 void ensure_time_left(store& s, const request_id& id, std::string_view owner,
-                      const detail::run_context& ctx, const attempt& a, std::int64_t backoff) {
+                      const detail::run_context& ctx, const attempt& a, std::int64_t backoff,
+                      clock::time_point lease_end) {
   if (clock::now() < a.deadline()) return;
-  release_quietly(s, id, owner, "the RPC deadline passed before the RPC started", ctx, backoff,
-                  a.step());
-  throw error(error_info::of(error_class::unavailable, codes::deadline_exceeded,
-                             "the request ran out of time before calling downstream; "
-                             "retry with the same key"));
+  error_info late = error_info::of(error_class::unavailable, codes::deadline_exceeded,
+                                   "the request ran out of time before calling downstream; "
+                                   "retry with the same key");
+  // Not let go: held to the lease's end, and the answer says so.
+  if (!release_quietly(s, id, owner, "the RPC deadline passed before the RPC started", ctx, backoff,
+                       a.step())) {
+    retry_no_sooner_than(late, lease_end);
+  }
+  throw error(late);
 }
 
 }  // namespace
@@ -1194,7 +1204,7 @@ response manager::run_flow(flow_run& f) {
     const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name,
                     f.ctx.runner == runner_completer, f.earlier_may_land_until);
     const std::int64_t backoff = backoff_us(f.number);
-    ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
+    ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff, f.leased_by + config_.lease);
     nlohmann::json result;
     std::optional<error_info> failure;
     {
@@ -1328,7 +1338,7 @@ response manager::compensate_and_fail(flow_run& f, const attempt* failed_step,
     const attempt a(f.id, f.number, f.started + config_.rpc_timeout, s.name,
                     f.ctx.runner == runner_completer, f.earlier_may_land_until);
     const std::int64_t backoff = backoff_us(f.number);
-    ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff);
+    ensure_time_left(store_, f.id, f.owner, f.ctx, a, backoff, f.leased_by + config_.lease);
     const std::optional<error_info> err = s.compensate(a, f.progress.done.back().second);
     const std::string why =
         std::string(s.name) + " (compensation): " + (err ? reason_of(*err) : std::string());

@@ -2302,6 +2302,48 @@ TEST_P(Conformance, AHeldKeysRetryAfterCountsTheLeaseFromWhenItWasSet) {
   }
 }
 
+// Found in review of the test above's fix: when transaction 1 used up the
+// RPC's deadline and the release that should let the key go failed too, the
+// key stayed held to its lease's end while the answer (deadline_exceeded)
+// said nothing of it: a client back after the default second met 409s.
+TEST_P(Conformance, AKeyNotLetGoAfterTheDeadlinePassedSaysHowLongItIsHeld) {
+  config cfg;
+  cfg.lease = 3s;
+  cfg.rpc_timeout = 1s;
+  test::forwarding_store fs(*store_);
+  manager m(fs, cfg);
+  fs.on_statement = [](std::string_view name) {
+    if (name == "insert") std::this_thread::sleep_for(1200ms);  // past the RPC's deadline
+    if (name == "release") throw storage_error::transient("injected: the release failed");
+  };
+  const auto rid = id("late-and-held");
+  int rpc_calls = 0;
+  try {
+    (void)m.process(
+        rid, [](tx&) { return 1; },
+        [&](const attempt&, int) {
+          ++rpc_calls;
+          return 1;
+        },
+        [](tx&, const attempt&, const outcome<int>&) {
+          return response{200, {}, "done"};
+        });
+    ADD_FAILURE() << "answered, though the deadline passed before the RPC";
+  } catch (const error& e) {
+    fs.on_statement = nullptr;
+    EXPECT_EQ(e.code(), codes::deadline_exceeded) << e.what();
+    EXPECT_TRUE(e.retryable());
+    ASSERT_TRUE(e.info().retry_after) << "held, and the answer did not say for how long";
+    const auto held = store_->inspect(rid);
+    ASSERT_TRUE(held);
+    ASSERT_EQ(held->state, record_state::in_progress) << "the release was to fail";
+    const std::chrono::milliseconds held_left((held->lease_expires_us - held->db_now_us) / 1000);
+    EXPECT_GE(*e.info().retry_after, held_left);
+    EXPECT_LE(*e.info().retry_after, cfg.lease);
+  }
+  EXPECT_EQ(rpc_calls, 0);
+}
+
 // Found in review: a Post-RPC answer with an interim status (1xx) was
 // recorded as succeeded, and every replay of it went out as a bare 500 (the
 // HTTP server turns a 1xx into one) that clients retried until they gave up.

@@ -521,6 +521,7 @@ TEST_P(Steps, AHeldKeysRetryAfterCountsTheStepsLeaseFromItsRenewal) {
     const std::chrono::milliseconds held_left((held->lease_expires_us - held->db_now_us) / 1000);
     EXPECT_GE(*e.retry_after(), held_left)
         << "told to retry before the key is let go: a 409 that spends an attempt";
+    EXPECT_LE(*e.retry_after(), cfg.lease);
   }
 }
 
