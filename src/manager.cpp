@@ -484,6 +484,25 @@ void retry_no_sooner_than(error_info& e, clock::time_point held_until) {
   throw error(e);
 }
 
+/// Transaction 1 or the last step's record may have used up the time of the
+/// next RPC: one started now could outlive the lease and overlap a take-over.
+/// Then the key is let go, or, if it cannot be, held to `lease_end` (the
+/// lease's end), and the answer says so (found in review: it said a second,
+/// and a client sent back met 409s).
+void ensure_time_left(store& s, const request_id& id, std::string_view owner,
+                      const detail::run_context& ctx, const attempt& a, std::int64_t backoff,
+                      clock::time_point lease_end) {
+  if (clock::now() < a.deadline()) return;
+  error_info late = error_info::of(error_class::unavailable, codes::deadline_exceeded,
+                                   "the request ran out of time before calling downstream; "
+                                   "retry with the same key");
+  if (!release_quietly(s, id, owner, "the RPC deadline passed before the RPC started", ctx, backoff,
+                       a.step())) {
+    retry_no_sooner_than(late, lease_end);
+  }
+  throw error(late);
+}
+
 /// What record_after_rpc() needs to know about the attempt.
 struct after_rpc {
   store& s;
@@ -1126,20 +1145,9 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
     // (the lease started after `started`, on the database clock).
     const attempt a(id, attempt_number, started + config_.rpc_timeout, {},
                     ctx.runner == runner_completer, earlier_may_land_until);
-    if (clock::now() >= a.deadline()) {
-      // Transaction 1 took the whole RPC budget (a stalled database): an RPC
-      // started now could outlive the lease and overlap a take-over.
-      error_info late = error_info::of(error_class::unavailable, codes::deadline_exceeded,
-                                       "the request ran out of time before calling downstream; "
-                                       "retry with the same key");
-      // Not let go: held to the lease's end, and the answer says so (found
-      // in review: it said a second, and a client sent back met 409s).
-      if (!release_quietly(store_, id, owner, "the RPC deadline passed before the RPC started", ctx,
-                           backoff_us(attempt_number))) {
-        retry_no_sooner_than(late, leased_by + config_.lease);
-      }
-      throw error(late);
-    }
+    // Transaction 1 may have taken the whole RPC budget (a stalled database).
+    ensure_time_left(store_, id, owner, ctx, a, backoff_us(attempt_number),
+                     leased_by + config_.lease);
     std::optional<error_info> failure;
     {
       const phase_timer timed(config_, ctx.shard, request_phase::rpc);
@@ -1173,27 +1181,6 @@ response manager::run_unobserved(const request_id& id, const detail::phases& p,
   // Only a storm of inserts and purges on one key gets here.
   throw_in_progress(0);
 }
-
-namespace {
-
-/// Transaction 1 or the last step's record may have used up the time of the
-/// next RPC: one started now could outlive the lease and overlap a take-over.
-void ensure_time_left(store& s, const request_id& id, std::string_view owner,
-                      const detail::run_context& ctx, const attempt& a, std::int64_t backoff,
-                      clock::time_point lease_end) {
-  if (clock::now() < a.deadline()) return;
-  error_info late = error_info::of(error_class::unavailable, codes::deadline_exceeded,
-                                   "the request ran out of time before calling downstream; "
-                                   "retry with the same key");
-  // Not let go: held to the lease's end, and the answer says so.
-  if (!release_quietly(s, id, owner, "the RPC deadline passed before the RPC started", ctx, backoff,
-                       a.step())) {
-    retry_no_sooner_than(late, lease_end);
-  }
-  throw error(late);
-}
-
-}  // namespace
 
 response manager::run_flow(flow_run& f) {
   if (f.progress.compensating) return compensate_and_fail(f, nullptr, std::nullopt);

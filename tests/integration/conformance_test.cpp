@@ -2261,6 +2261,22 @@ TEST_P(Conformance, ARecordingThatFailsAfterAnInDoubtRpcIsInDoubtAndWaitsForTheL
   }
 }
 
+/// `rid` is still held (in progress), and `told`, the answer's Retry-After,
+/// is no shorter than the time left on its lease (read after the answer, so
+/// only ever smaller than at it) and no longer than `lease`.
+void expect_told_how_long_it_is_held(store& s, const request_id& rid,
+                                     std::optional<std::chrono::milliseconds> told,
+                                     std::chrono::milliseconds lease) {
+  ASSERT_TRUE(told) << "held, and the answer did not say for how long";
+  const auto held = s.inspect(rid);
+  ASSERT_TRUE(held);
+  ASSERT_EQ(held->state, record_state::in_progress) << "the key is not held";
+  const std::chrono::milliseconds held_left((held->lease_expires_us - held->db_now_us) / 1000);
+  EXPECT_GE(*told, held_left) << "told to retry before the key is let go: a 409 that spends an "
+                                 "attempt";
+  EXPECT_LE(*told, lease);
+}
+
 // Found in review: the Retry-After of a key held to its lease's end after a
 // failed recording counted the lease from before transaction 1 (the
 // attempt's deadline plus the rest of the lease), so it was short by however
@@ -2290,15 +2306,7 @@ TEST_P(Conformance, AHeldKeysRetryAfterCountsTheLeaseFromWhenItWasSet) {
     fs.on_statement = nullptr;
     EXPECT_EQ(e.code(), codes::post_rpc_failed) << e.what();
     EXPECT_TRUE(e.in_doubt());
-    ASSERT_TRUE(e.info().retry_after);
-    const auto held = store_->inspect(rid);
-    ASSERT_TRUE(held);
-    ASSERT_EQ(held->state, record_state::in_progress) << "the key stays held for the call";
-    // Read after the answer, so only ever smaller than at the answer.
-    const std::chrono::milliseconds held_left((held->lease_expires_us - held->db_now_us) / 1000);
-    EXPECT_GE(*e.info().retry_after, held_left)
-        << "told to retry before the key is let go: a 409 that spends an attempt";
-    EXPECT_LE(*e.info().retry_after, cfg.lease);
+    expect_told_how_long_it_is_held(*store_, rid, e.info().retry_after, cfg.lease);
   }
 }
 
@@ -2333,13 +2341,7 @@ TEST_P(Conformance, AKeyNotLetGoAfterTheDeadlinePassedSaysHowLongItIsHeld) {
     fs.on_statement = nullptr;
     EXPECT_EQ(e.code(), codes::deadline_exceeded) << e.what();
     EXPECT_TRUE(e.retryable());
-    ASSERT_TRUE(e.info().retry_after) << "held, and the answer did not say for how long";
-    const auto held = store_->inspect(rid);
-    ASSERT_TRUE(held);
-    ASSERT_EQ(held->state, record_state::in_progress) << "the release was to fail";
-    const std::chrono::milliseconds held_left((held->lease_expires_us - held->db_now_us) / 1000);
-    EXPECT_GE(*e.info().retry_after, held_left);
-    EXPECT_LE(*e.info().retry_after, cfg.lease);
+    expect_told_how_long_it_is_held(*store_, rid, e.info().retry_after, cfg.lease);
   }
   EXPECT_EQ(rpc_calls, 0);
 }

@@ -168,12 +168,11 @@ std::optional<std::chrono::milliseconds> retry_loop::after(
   // request either (found in review: it was settled(), and pay_client
   // forgot the key of a payment that may have gone through). A replay is
   // the server's record, final as it is.
-  if (!retryable(info.kind) && info.status != 0 && !result_.replayed &&
-      beast::says_in_doubt(*result_.response)) {
-    result_.earlier_attempt_in_doubt = true;
-    req_.may_have_been_sent();
-  }
   if (!retryable(info.kind)) {
+    if (info.status != 0 && !result_.replayed && beast::says_in_doubt(*result_.response)) {
+      result_.earlier_attempt_in_doubt = true;
+      req_.may_have_been_sent();
+    }
     o_.budget->on_success();
     return stop(stop_reason::answered);
   }
